@@ -1,0 +1,1 @@
+"""Activities: all the I/O the job workflow needs (store writes, launching processes)."""

@@ -1,0 +1,44 @@
+"""Store activities, run by the control-plane worker. Each is idempotent."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from fairgang.spec import JobState
+from store import repo
+from store.db import Database
+from workflows.messages import QueuedInput, RequeueInput, TransitionInput
+
+
+class StoreActivities:
+    """Job state transitions written to the store (keyed by job id, attempt and event key)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @activity.defn(name="mark_queued")
+    async def mark_queued(self, inp: QueuedInput) -> None:
+        await repo.mark_queued(self.db, job_id=inp.job_id, attempt=inp.attempt)
+
+    @activity.defn(name="record_transition")
+    async def record_transition(self, inp: TransitionInput) -> str:
+        job = await repo.record_transition(
+            self.db,
+            job_id=inp.job_id,
+            attempt=inp.attempt,
+            state=JobState(inp.state),
+            event_key=inp.event_key,
+            message=inp.message,
+            allocation_id=inp.allocation_id,
+            exit_code=inp.exit_code,
+            end_reason=inp.end_reason,
+        )
+        return job.state
+
+    @activity.defn(name="requeue")
+    async def requeue(self, inp: RequeueInput) -> int:
+        job = await repo.requeue_job(self.db, job_id=inp.job_id, from_attempt=inp.from_attempt, reason=inp.reason)
+        return job.attempt
+
+    def all(self) -> list[object]:
+        return [self.mark_queued, self.record_transition, self.requeue]

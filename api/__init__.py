@@ -1,0 +1,1 @@
+"""The REST API (FastAPI): submission, admission, job views, fleet and node endpoints."""

@@ -1,0 +1,51 @@
+"""The FastAPI application (OpenAPI at /openapi.json, docs at /docs)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from api import fleet, jobs
+from api.deps import AppState, State
+from fairgang import __version__
+from fairgang.settings import Settings
+from store.db import Database
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings.database_url)
+        app.state.fairgang = AppState(settings=settings, db=db)
+        try:
+            yield
+        finally:
+            await db.dispose()
+
+    app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan)
+    app.include_router(jobs.router)
+    app.include_router(fleet.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
+        problems = [
+            {"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()
+        ]
+        return JSONResponse({"detail": {"error": "invalid request", "problems": problems}}, status_code=422)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz(state: State) -> dict[str, Any]:
+        async with state.db.sessions() as session:
+            await session.execute(text("SELECT 1"))
+        client = await state.temporal()
+        return {"ok": True, "store": "ok", "temporal": "ok" if client is not None else "unreachable"}
+
+    return app

@@ -1,0 +1,71 @@
+"""Shared dependencies: the app's state, the caller's identity."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from temporalio.client import Client
+
+from fairgang import temporal
+from fairgang.settings import Settings
+from store import repo
+from store.db import Database
+
+log = logging.getLogger("fairgang.api")
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    _client: Client | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def temporal(self) -> Client | None:
+        """The Temporal client, connected on first use; None while Temporal is unreachable."""
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._client is None:
+                try:
+                    self._client = await asyncio.wait_for(temporal.connect(self.settings), 5)
+                except Exception as err:  # noqa: BLE001 - any connect failure means "not now"
+                    log.warning("temporal unreachable: %s", err)
+                    return None
+        return self._client
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.fairgang
+    return state
+
+
+State = Annotated[AppState, Depends(app_state)]
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def principal(state: State, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> repo.Principal:
+    if creds is None or not creds.credentials:
+        raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+    who = await repo.authenticate(state.db, creds.credentials)
+    if who is None:
+        raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
+    return who
+
+
+Caller = Annotated[repo.Principal, Depends(principal)]
+
+
+def require_user(who: repo.Principal) -> None:
+    if who.role not in ("admin", "tenant"):
+        raise HTTPException(403, "this endpoint is for tenants and admins")
+
+
+def require_node(who: repo.Principal) -> None:
+    if who.role not in ("node", "admin"):
+        raise HTTPException(403, "this endpoint is for node agents")

@@ -1,0 +1,175 @@
+"""/v1/jobs: submit, list, show, logs, cancel. A tenant sees and acts on its own jobs only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from activities.launch import log_path
+from api.deps import Caller, State, log, require_user
+from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, QueueEntry, SubmitResult
+from fairgang import temporal
+from fairgang.admission import FleetShape, TenantPolicy, check_admission
+from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
+from scheduler.core.cycle import queue_order_key
+from scheduler.service import pending_job_view
+from store import repo
+from store.models import Job
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+
+def spec_refused(problems: list[SpecProblem], status: int = 422) -> HTTPException:
+    return HTTPException(status, {"error": "job spec refused", "problems": [p.model_dump() for p in problems]})
+
+
+async def visible_job(state: State, who: repo.Principal, job_id: str) -> Job:
+    """The job, if this caller may see it; 404 otherwise (no hint that it exists)."""
+    require_user(who)
+    job = await repo.get_job(state.db, job_id)
+    if job is None or (not who.admin and job.tenant != who.tenant):
+        raise HTTPException(404, f"no job {job_id}")
+    return job
+
+
+async def fleet_shape(state: State) -> FleetShape:
+    shapes: dict[str, dict[int, int]] = {}
+    levels = {"node"}
+    for node in await repo.list_nodes(state.db):
+        per_type = shapes.setdefault(node.gpu_type, {})
+        per_type[node.gpu_count] = per_type.get(node.gpu_count, 0) + 1
+        levels.update(node.labels)
+    return FleetShape(shapes=shapes, levels=frozenset(levels))
+
+
+@router.post("/jobs", status_code=201, response_model=SubmitResult)
+async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+    """Validate, admit and queue a job; a repeated idempotency key returns the same job."""
+    require_user(who)
+    try:
+        spec = parse_spec(body)
+    except SpecError as err:
+        raise spec_refused(err.problems) from None
+    tenant_name = spec.tenant or who.tenant
+    if tenant_name is None:
+        raise spec_refused([SpecProblem(field="tenant", reason="an admin must name the tenant")])
+    if not who.admin and tenant_name != who.tenant:
+        raise spec_refused([SpecProblem(field="tenant", reason=f"your token belongs to tenant '{who.tenant}'")], 403)
+    tenant = await repo.get_tenant(state.db, tenant_name)
+    if tenant is None:
+        raise spec_refused([SpecProblem(field="tenant", reason=f"unknown tenant '{tenant_name}'")])
+    policy = TenantPolicy(
+        name=tenant.name,
+        allowed_gpu_types=frozenset(tenant.quotas),
+        max_gpus_per_job=tenant.max_gpus_per_job,
+        max_runtime_s=tenant.max_runtime_s,
+        checkpoint_prefix=tenant.checkpoint_prefix,
+    )
+    problems = check_admission(spec, policy, await fleet_shape(state))
+    if problems:
+        raise spec_refused(problems)
+    try:
+        job, created = await repo.create_job(
+            state.db, spec=spec, tenant=tenant_name, max_concurrent_jobs=tenant.max_concurrent_jobs
+        )
+    except repo.AdmissionRefused as err:
+        raise spec_refused([SpecProblem(field=err.field, reason=err.reason)], 429) from None
+    if not job.workflow_started:
+        client = await state.temporal()
+        if client is not None:
+            try:
+                await temporal.start_job_workflow(client, job, state.settings)
+                await repo.mark_workflow_started(state.db, job.id)
+            except Exception as err:  # noqa: BLE001
+                # The placement service's reconciler starts it later; the job is safe in the store.
+                log.warning("could not start workflow for %s yet: %s", job.id, err)
+    result = SubmitResult(created=created, job=JobPublic.of(job))
+    return JSONResponse(result.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+@router.get("/jobs", response_model=list[JobPublic])
+async def list_jobs(
+    state: State,
+    who: Caller,
+    tenant: str | None = None,
+    job_state: str | None = Query(default=None, alias="state"),
+    limit: int = Query(default=200, ge=1, le=5000),
+) -> list[JobPublic]:
+    require_user(who)
+    if job_state is not None and job_state not in JobState.__members__:
+        raise HTTPException(422, f"state: unknown job state '{job_state}' (one of {', '.join(JobState.__members__)})")
+    if not who.admin:
+        if tenant is not None and tenant != who.tenant:
+            raise HTTPException(403, f"tenant: your token belongs to tenant '{who.tenant}'")
+        tenant = who.tenant
+    return [JobPublic.of(j) for j in await repo.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit)]
+
+
+@router.get("/jobs/{job_id}", response_model=JobDetail)
+async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
+    job = await visible_job(state, who, job_id)
+    allocations = [AllocationPublic.of(a) for a in await repo.job_allocations(state.db, job_id)]
+    current = next((a for a in reversed(allocations) if a.attempt == job.attempt), None)
+    events = [EventPublic.of(e) for e in await repo.job_events(state.db, job_id)]
+    ui = state.settings.temporal_ui_url.rstrip("/")
+    return JobDetail(
+        **JobPublic.of(job).model_dump(),
+        allocation=current,
+        allocations=allocations,
+        events=events,
+        temporal_url=f"{ui}/namespaces/{state.settings.temporal_namespace}/workflows/{job.id}",
+    )
+
+
+@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+async def job_logs(
+    state: State,
+    who: Caller,
+    job_id: str,
+    attempt: int | None = Query(default=None, ge=1),
+    rank: int = Query(default=0, ge=0),
+    tail: int | None = Query(default=None, ge=1, description="Only the last N lines."),
+) -> PlainTextResponse:
+    job = await visible_job(state, who, job_id)
+    path = log_path(state.settings.log_dir, job.id, attempt or job.attempt, rank)
+    if not path.exists():
+        return PlainTextResponse("")
+    text = path.read_text(errors="replace")
+    if tail is not None:
+        text = "".join(text.splitlines(keepends=True)[-tail:])
+    return PlainTextResponse(text)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
+async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
+    """Ask the job's workflow to stop it (processes get SIGTERM, then SIGKILL after the grace period)."""
+    job = await visible_job(state, who, job_id)
+    if JobState(job.state).terminal:
+        return JobPublic.of(job)
+    reason = "cancelled by admin" if who.admin else f"cancelled by tenant {who.tenant}"
+    if not job.workflow_started:
+        # No workflow yet: nothing runs, so the store alone can end it.
+        job = await repo.record_transition(
+            state.db, job_id=job.id, attempt=job.attempt, state=JobState.CANCELLED, event_key=f"cancel-{job.attempt}", message=reason
+        )
+        return JobPublic.of(job)
+    client = await state.temporal()
+    if client is None:
+        raise HTTPException(503, "the workflow service is unreachable; try again")
+    await temporal.signal_cancel(client, job_id=job.id, reason=reason)
+    return JobPublic.of(job)
+
+
+@router.get("/queue", response_model=list[QueueEntry])
+async def queue(state: State, who: Caller) -> list[QueueEntry]:
+    """Queued jobs in the scheduler's order; a tenant sees its own with their global position."""
+    require_user(who)
+    jobs = await repo.queued_jobs(state.db)
+    ordered = sorted(jobs, key=lambda j: queue_order_key(pending_job_view(j)))
+    return [
+        QueueEntry(position=pos, job=JobPublic.of(j))
+        for pos, j in enumerate(ordered, start=1)
+        if who.admin or j.tenant == who.tenant
+    ]

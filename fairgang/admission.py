@@ -1,0 +1,74 @@
+"""Admission (SPEC R1.2, R2.1): may this tenant run this job on this fleet?
+
+Pure: it takes the tenant's policy and the fleet's node shapes, returns every problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fairgang.durations import format_duration
+from fairgang.spec import JobSpec, SpecProblem
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    name: str
+    allowed_gpu_types: frozenset[str]
+    max_gpus_per_job: int
+    max_runtime_s: float
+    checkpoint_prefix: str | None
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    """GPU type -> {GPUs per node: number of nodes}, and the topology levels in use."""
+
+    shapes: dict[str, dict[int, int]]
+    levels: frozenset[str]
+
+
+def gang_fits_shape(count: int, shapes: dict[int, int]) -> bool:
+    """Can ``count`` GPUs ever be placed: on one node, or on whole nodes of one shape?"""
+    if any(count <= per_node for per_node in shapes):
+        return True
+    return any(count % per_node == 0 and count // per_node <= nodes for per_node, nodes in shapes.items())
+
+
+def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> list[SpecProblem]:
+    """Every reason this tenant may not submit this job; empty when admitted."""
+    problems: list[SpecProblem] = []
+    shapes = fleet.shapes.get(spec.gpu_type)
+    if shapes is None:
+        known = ", ".join(sorted(fleet.shapes)) or "none"
+        problems.append(SpecProblem(field="gpu_type", reason=f"unknown GPU type '{spec.gpu_type}' (the fleet has: {known})"))
+    elif tenant.allowed_gpu_types and spec.gpu_type not in tenant.allowed_gpu_types:
+        allowed = ", ".join(sorted(tenant.allowed_gpu_types))
+        problems.append(SpecProblem(field="gpu_type", reason=f"tenant '{tenant.name}' may not use {spec.gpu_type} (allowed: {allowed})"))
+    if shapes is not None and not gang_fits_shape(spec.gpu_count, shapes):
+        desc = ", ".join(f"{n} node(s) of {g}" for g, n in sorted(shapes.items()))
+        problems.append(
+            SpecProblem(
+                field="gpu_count",
+                reason=f"{spec.gpu_count} {spec.gpu_type} GPUs can never be placed: it must fit one node or be a "
+                f"multiple of a node's GPUs ({desc})",
+            )
+        )
+    elif shapes is not None and spec.topology.level == "node" and spec.topology.mode == "required" and spec.gpu_count > max(shapes):
+        problems.append(SpecProblem(field="topology.level", reason=f"{spec.gpu_count} GPUs do not fit on one node (at most {max(shapes)})"))
+    if spec.gpu_count > tenant.max_gpus_per_job:
+        problems.append(SpecProblem(field="gpu_count", reason=f"{spec.gpu_count} is over tenant '{tenant.name}' limit of {tenant.max_gpus_per_job} GPUs per job"))
+    if spec.max_runtime > tenant.max_runtime_s:
+        problems.append(
+            SpecProblem(
+                field="max_runtime",
+                reason=f"{format_duration(spec.max_runtime)} is over tenant '{tenant.name}' limit of {format_duration(tenant.max_runtime_s)}",
+            )
+        )
+    prefix = tenant.checkpoint_prefix
+    if prefix and not (spec.checkpoint_dir == prefix.rstrip("/") or spec.checkpoint_dir.startswith(prefix.rstrip("/") + "/")):
+        problems.append(SpecProblem(field="checkpoint_dir", reason=f"must lie under the tenant's prefix {prefix}"))
+    if spec.topology.level != "any" and spec.topology.level not in fleet.levels:
+        levels = ", ".join(sorted(fleet.levels | {"any"}))
+        problems.append(SpecProblem(field="topology.level", reason=f"unknown topology level '{spec.topology.level}' (one of {levels})"))
+    return problems

@@ -1,0 +1,379 @@
+"""The ``fairgang`` command: run the platform's processes, and use it as a client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fairgang.cluster import load_cluster_config
+from fairgang.durations import format_duration
+from fairgang.settings import Settings
+from fairgang.spec import TERMINAL_STATES, SpecError, load_spec_text
+
+app = typer.Typer(help="fairgang: fair gang scheduling for a shared GPU fleet.", no_args_is_help=True)
+console = Console()
+err_console = Console(stderr=True)
+
+ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")
+Token = typer.Option(None, "--token", envvar="FAIRGANG_TOKEN", help="Bearer token.")
+Output = typer.Option("table", "--output", "-o", help="table or json.")
+
+
+def _logging() -> None:
+    logging.basicConfig(level=os.environ.get("FAIRGANG_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+# ---------------------------------------------------------------- processes
+
+
+@app.command()
+def api(host: str = "127.0.0.1", port: int = 8080) -> None:
+    """Run the REST API."""
+    import uvicorn
+
+    from api.app import create_app
+
+    _logging()
+    uvicorn.run(create_app(Settings()), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def worker() -> None:
+    """Run the control-plane Temporal worker (job workflows and store activities)."""
+    from fairgang.processes import run_worker
+
+    _logging()
+    _run_until_signal(run_worker(Settings()))
+
+
+@app.command()
+def scheduler() -> None:
+    """Run the placement service."""
+    from fairgang.processes import run_scheduler
+
+    _logging()
+    _run_until_signal(run_scheduler(Settings()))
+
+
+@app.command()
+def agent(
+    node_id: str = typer.Option(..., "--node-id"),
+    gpu_type: str = typer.Option(..., "--gpu-type"),
+    gpus: int = typer.Option(None, "--gpus", help="Simulated GPU count."),
+    label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),  # noqa: B008
+    simulated: bool = typer.Option(False, "--simulated", help="Simulated GPUs instead of NVML."),
+    token: str = typer.Option(..., "--token", envvar="FAIRGANG_NODE_TOKEN"),
+) -> None:
+    """Run a node agent (a Temporal worker on task queue node-<id>)."""
+    from fairgang.processes import run_agent
+
+    _logging()
+    labels = dict(item.split("=", 1) for item in label)
+    _run_until_signal(
+        run_agent(Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated)
+    )
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the store's schema to the newest migration."""
+    from store.db import migrate_sync
+
+    migrate_sync(Settings().database_url)
+    console.print("store migrated")
+
+
+def _run_until_signal(coro: Any) -> None:
+    async def main() -> None:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+
+
+@app.command()
+def dev(
+    config: Path = typer.Option(Path("examples/cluster.yaml"), "--config", "-c", help="Cluster config YAML."),
+    data_dir: Path = typer.Option(Path(".fairgang"), "--data-dir", help="Where state is kept across restarts."),
+    api_port: int = typer.Option(8080, "--api-port"),
+    temporal_port: int = typer.Option(7233, "--temporal-port"),
+    ui_port: int = typer.Option(8233, "--ui-port"),
+    demo: bool = typer.Option(False, "--demo", help="Submit the example jobs and show them finish."),
+) -> None:
+    """Run the whole platform locally in the foreground (Ctrl-C stops it)."""
+    from fairgang.dev import DevPlatform
+
+    try:
+        cluster = load_cluster_config(config)
+    except SpecError as err:
+        _fail(f"{config}: {err}")
+    platform = DevPlatform(
+        config=cluster,
+        data_dir=data_dir.resolve(),
+        api_port=api_port,
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        database_url=os.environ.get("DATABASE_URL"),
+    )
+    stop = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        platform.start(say=lambda line: console.print(line))
+        token = (cluster.admin_tokens or [""])[0]
+        platform.wait_ready(token)
+        console.print(f"[green]ready[/]: {len(cluster.nodes)} nodes registered. Ctrl-C stops everything.")
+        if demo:
+            _demo(platform, cluster)
+        while not stop:
+            platform.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print("stopping ...")
+        platform.stop()
+
+
+def _demo(platform: Any, cluster: Any) -> None:
+    """Submit the example jobs (one per tenant file) and follow them to the end."""
+    api_url = platform.settings.api_url
+    tokens = {t.name: t.tokens[0] for t in cluster.tenants if t.tokens}
+    submitted: list[tuple[str, str]] = []
+    for path in sorted(Path("examples/jobs").glob("*.yaml")):
+        spec = load_spec_text(path.read_text())
+        tenant = spec.tenant or next(iter(tokens))
+        body = spec.model_dump(mode="json", exclude_none=True)
+        resp = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {tokens[tenant]}"}, timeout=30)
+        if resp.status_code >= 300:
+            console.print(f"[red]{path.name}[/]: {resp.text}")
+            continue
+        job = resp.json()["job"]
+        submitted.append((job["id"], tokens[tenant]))
+        console.print(f"submitted {path.name} as {job['id']} ({tenant})")
+    admin = (cluster.admin_tokens or [""])[0]
+    terminal = {s.value for s in TERMINAL_STATES}
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        rows = [httpx.get(f"{api_url}/v1/jobs/{jid}", headers={"Authorization": f"Bearer {admin}"}, timeout=10).json() for jid, _ in submitted]
+        if all(r["state"] in terminal for r in rows):
+            break
+        time.sleep(1.0)
+    _print_jobs(rows)
+    ui = platform.settings.temporal_ui_url
+    console.print(f"API {api_url}   docs {api_url}/docs   Temporal UI {ui}")
+    console.print(f"try: FAIRGANG_TOKEN={admin} .venv/bin/fairgang jobs")
+
+
+# ---------------------------------------------------------------- client
+
+
+def _client(api_url: str | None, token: str | None) -> httpx.Client:
+    url = api_url or Settings().api_url
+    if not token:
+        _fail("no token: pass --token or set FAIRGANG_TOKEN")
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _fail(message: str, code: int = 1) -> Any:
+    err_console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        if isinstance(detail, dict) and "problems" in detail:
+            lines = "\n".join(f"  {p['field']}: {p['reason']}" for p in detail["problems"])
+            _fail(f"{detail.get('error', 'refused')} ({resp.status_code}):\n{lines}")
+        _fail(f"{resp.status_code}: {detail}")
+    return resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
+
+
+def _ts(value: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(value)) if value else "-"
+
+
+def _print_jobs(rows: list[dict[str, Any]]) -> None:
+    table = Table("ID", "TENANT", "NAME", "STATE", "GPUS", "ATTEMPT", "EXIT", "CREATED", "WHY")
+    for r in rows:
+        why = r.get("pending_reason") or r.get("end_reason") or ""
+        table.add_row(
+            r["id"], r["tenant"], r["name"], r["state"], f"{r['gpu_count']}x{r['gpu_type']}", str(r["attempt"]),
+            "" if r.get("exit_code") is None else str(r["exit_code"]), _ts(r["created_at"]), why,
+        )  # fmt: skip
+    console.print(table)
+
+
+def _emit(data: Any, output: str, table: Any) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif output == "table":
+        table(data)
+    else:
+        _fail(f"--output: '{output}' is not one of table, json")
+
+
+@app.command()
+def submit(
+    file: Path,
+    wait: bool = typer.Option(False, "--wait", help="Wait until the job ends; exit 0 only if it SUCCEEDED."),
+    api_url: str = ApiUrl,
+    token: str = Token,
+    output: str = Output,
+) -> None:
+    """Submit a job spec (YAML or JSON)."""
+    try:
+        spec = load_spec_text(file.read_text())
+    except OSError as err:
+        _fail(f"{file}: {err}")
+    except SpecError as err:
+        lines = "\n".join(f"  {p.field}: {p.reason}" for p in err.problems)
+        _fail(f"{file}: job spec refused:\n{lines}")
+    with _client(api_url, token) as http:
+        result = _check(http.post("/v1/jobs", json=spec.model_dump(mode="json", exclude_none=True)))
+        job = result["job"]
+        if output == "json" and not wait:
+            _emit(result, output, None)
+        else:
+            verb = "submitted" if result["created"] else "already submitted"
+            err_console.print(f"{verb}: {job['id']}")
+        if not wait:
+            if output != "json":
+                console.print(job["id"])
+            return
+        terminal = {s.value for s in TERMINAL_STATES}
+        while job["state"] not in terminal:
+            time.sleep(1.0)
+            job = _check(http.get(f"/v1/jobs/{job['id']}"))
+        _emit(job, output, lambda j: _print_jobs([j]))
+        raise typer.Exit(0 if job["state"] == "SUCCEEDED" else 1)
+
+
+@app.command()
+def jobs(
+    tenant: str = typer.Option(None, "--tenant"),
+    state: str = typer.Option(None, "--state"),
+    api_url: str = ApiUrl,
+    token: str = Token,
+    output: str = Output,
+) -> None:
+    """List jobs (yours, or all for an admin)."""
+    params = {k: v for k, v in {"tenant": tenant, "state": state}.items() if v}
+    with _client(api_url, token) as http:
+        _emit(_check(http.get("/v1/jobs", params=params)), output, _print_jobs)
+
+
+@app.command()
+def job(job_id: str, api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+    """Show one job: state, attempts, allocation, events, pending reason."""
+    with _client(api_url, token) as http:
+        data = _check(http.get(f"/v1/jobs/{job_id}"))
+
+    def show(j: dict[str, Any]) -> None:
+        _print_jobs([j])
+        if j.get("allocation"):
+            members = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in j["allocation"]["members"])
+            console.print(f"allocation {j['allocation']['id']} ({j['allocation']['state']}): {members}")
+        console.print(f"max runtime {format_duration(j['spec']['max_runtime'])}   temporal {j['temporal_url']}")
+        events = Table("TIME", "ATTEMPT", "EVENT", "MESSAGE")
+        for e in j["events"]:
+            events.add_row(_ts(e["ts"]), str(e["attempt"]), e["kind"], e["message"])
+        console.print(events)
+
+    _emit(data, output, show)
+
+
+@app.command()
+def logs(
+    job_id: str,
+    attempt: int = typer.Option(None, "--attempt"),
+    rank: int = typer.Option(0, "--rank"),
+    tail: int = typer.Option(None, "--tail"),
+    api_url: str = ApiUrl,
+    token: str = Token,
+) -> None:
+    """Print a job attempt's log (stdout and stderr)."""
+    params = {k: v for k, v in {"attempt": attempt, "rank": rank, "tail": tail}.items() if v is not None}
+    with _client(api_url, token) as http:
+        resp = http.get(f"/v1/jobs/{job_id}/logs", params=params)
+        if resp.status_code >= 400:
+            _check(resp)
+        sys.stdout.write(resp.text)
+
+
+@app.command()
+def cancel(job_id: str, api_url: str = ApiUrl, token: str = Token) -> None:
+    """Cancel a job (its processes get SIGTERM, then SIGKILL after the grace period)."""
+    with _client(api_url, token) as http:
+        data = _check(http.post(f"/v1/jobs/{job_id}/cancel"))
+    console.print(f"cancel requested for {data['id']} (was {data['state']})")
+
+
+@app.command()
+def fleet(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+    """Show nodes and GPUs: free, used, unhealthy."""
+
+    def show(data: dict[str, Any]) -> None:
+        totals = Table("GPU TYPE", "NODES", "TOTAL", "USED", "FREE", "UNHEALTHY")
+        for gpu_type, t in sorted(data["gpu_types"].items()):
+            totals.add_row(gpu_type, str(t["nodes"]), str(t["total"]), str(t["used"]), str(t["free"]), str(t["unhealthy"]))
+        console.print(totals)
+        nodes = Table("NODE", "TYPE", "STATE", "TOPOLOGY", "USED", "FREE", "HEARTBEAT")
+        for n in data["nodes"]:
+            topo = " ".join(f"{k}={v}" for k, v in sorted(n["labels"].items()))
+            state = n["state"] if n["schedulable"] else f"{n['state']} (not schedulable)"
+            nodes.add_row(n["id"], n["gpu_type"], state, topo, str(n["gpus"]["used"]), str(n["gpus"]["free"]), _ts(n["last_heartbeat"]))
+        console.print(nodes)
+
+    with _client(api_url, token) as http:
+        _emit(_check(http.get("/v1/fleet")), output, show)
+
+
+@app.command()
+def queue(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+    """Show the queue in scheduling order, with each job's pending reason."""
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        table = Table("POS", "ID", "TENANT", "NAME", "GPUS", "PRIORITY", "WAITING", "WHY")
+        now = time.time()
+        for r in rows:
+            j = r["job"]
+            table.add_row(
+                str(r["position"]), j["id"], j["tenant"], j["name"], f"{j['gpu_count']}x{j['gpu_type']}",
+                str(j["priority"]), format_duration(now - j["created_at"]), j.get("pending_reason") or "",
+            )  # fmt: skip
+        console.print(table)
+
+    with _client(api_url, token) as http:
+        _emit(_check(http.get("/v1/queue")), output, show)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,98 @@
+"""The cluster config: tenants, quotas, tokens, nodes and their topology (YAML).
+
+The same file drives ``fairgang dev`` (which seeds the store from it and starts one
+simulated agent per node) and, later, the simulator. Topology levels are data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fairgang.spec import Seconds, SpecError, problems_from_validation
+
+
+class QuotaConfig(BaseModel):
+    """A tenant's share of one GPU type (SPEC R4.1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nominal: int = Field(default=0, ge=0, description="Guaranteed GPUs.")
+    borrow_limit: int | None = Field(default=None, ge=0, description="Most GPUs borrowed beyond nominal.")
+    lend_limit: int | None = Field(default=None, ge=0, description="Most idle nominal GPUs lent to others.")
+
+
+class TenantConfig(BaseModel):
+    """A team: its weight, quotas and admission limits (SPEC R2.1, R4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    weight: float = Field(default=1.0, gt=0)
+    cohort: str | None = None
+    tokens: list[str] = Field(default_factory=list)
+    quotas: dict[str, QuotaConfig] = Field(default_factory=dict, description="Per GPU type; its keys are the allowed types.")
+    max_gpus_per_job: int = Field(default=64, ge=1)
+    max_runtime: Seconds = 48 * 3600.0
+    max_concurrent_jobs: int = Field(default=100, ge=1)
+    checkpoint_prefix: str | None = Field(default=None, description="Checkpoint paths must lie under it.")
+
+
+class NodeConfig(BaseModel):
+    """A GPU node: its GPUs and where it sits in the topology."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    gpu_type: str
+    gpus: int = Field(ge=1, le=64)
+    labels: dict[str, str] = Field(default_factory=dict, description="Topology domains, e.g. leaf: l1, spine: s1.")
+
+
+class ClusterConfig(BaseModel):
+    """The whole cluster config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topology_levels: list[str] = Field(default_factory=lambda: ["node", "leaf", "spine"])
+    admin_tokens: list[str] = Field(default_factory=list)
+    node_token: str = "fairgang-node-token"
+    tenants: list[TenantConfig] = Field(default_factory=list)
+    nodes: list[NodeConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        if not self.topology_levels or self.topology_levels[0] != "node":
+            raise ValueError("topology_levels must start with 'node'")
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError("node ids must be unique")
+        for node in self.nodes:
+            for level in node.labels:
+                if level not in self.topology_levels:
+                    raise ValueError(f"node {node.id}: label '{level}' is not a topology level {self.topology_levels}")
+        tokens = [tok for t in self.tenants for tok in t.tokens] + self.admin_tokens + [self.node_token]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("tokens must be unique across tenants, admins and nodes")
+        return self
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster config file.
+
+    Raises:
+        SpecError: naming each bad field.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecError([]) from err
+    try:
+        return ClusterConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise SpecError(problems_from_validation(err)) from None

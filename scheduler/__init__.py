@@ -1,0 +1,1 @@
+"""Placement: a pure core (``scheduler.core``) and the service around it."""

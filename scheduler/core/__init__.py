@@ -1,0 +1,10 @@
+"""The pure scheduling core: ``decisions = run_cycle(snapshot, now)``.
+
+Nothing here does I/O or imports an I/O framework, so the same code runs in the
+placement service, in tests and in the simulator.
+"""
+
+from scheduler.core.cycle import run_cycle
+from scheduler.core.types import Bind, Decisions, Member, NodeView, PendingJob, Snapshot
+
+__all__ = ["Bind", "Decisions", "Member", "NodeView", "PendingJob", "Snapshot", "run_cycle"]

@@ -1,0 +1,201 @@
+"""The placement service: the I/O around the pure core.
+
+Each cycle: 1. hold the leader lease, 2. snapshot the store, 3. ``run_cycle``,
+4. commit the bindings in one transaction fenced by the lease epoch, 5. signal each
+bound job's workflow (only after the commit: invariant 3), 6. reconcile (re-signal
+unacknowledged bindings, start workflows the API failed to start).
+
+It wakes at once when the queue or the free capacity changes (PostgreSQL
+LISTEN/NOTIFY, or a short poll of the change-feed row on SQLite) and on a tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.client import Client
+
+from fairgang import temporal
+from fairgang.settings import Settings
+from scheduler.core import NodeView, PendingJob, Snapshot, run_cycle
+from store import repo
+from store.db import NOTIFY_CHANNEL, Database
+from store.models import Job
+
+log = logging.getLogger("fairgang.scheduler")
+LEASE_NAME = "placement"
+
+
+def pending_job_view(job: Job) -> PendingJob:
+    """A queued job row as the core sees it."""
+    topology = job.spec.get("topology") or {}
+    return PendingJob(
+        id=job.id,
+        tenant=job.tenant,
+        attempt=job.attempt,
+        gpu_type=job.gpu_type,
+        gpu_count=job.gpu_count,
+        priority=job.priority,
+        queued_at=job.queued_at,
+        topology_level=topology.get("level", "any"),
+        topology_required=topology.get("mode", "required") == "required",
+    )
+
+
+async def build_snapshot(db: Database, *, now: float, stale_after_s: float) -> Snapshot:
+    """Read nodes, healthy free GPUs and queued jobs into a snapshot."""
+    used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
+    healthy: dict[str, set[int]] = {}
+    for gpu in await repo.list_gpus(db):
+        if gpu.healthy:
+            healthy.setdefault(gpu.node_id, set()).add(gpu.index)
+    nodes = []
+    for node in await repo.list_nodes(db):
+        fresh = node.last_heartbeat is not None and now - node.last_heartbeat <= stale_after_s
+        free = frozenset(i for i in healthy.get(node.id, set()) if (node.id, i) not in used and i < node.gpu_count)
+        nodes.append(
+            NodeView(
+                id=node.id,
+                gpu_type=node.gpu_type,
+                gpu_count=node.gpu_count,
+                labels=tuple(sorted(node.labels.items())),
+                free=free,
+                schedulable=node.state == "READY" and fresh,
+            )
+        )
+    pending = tuple(pending_job_view(j) for j in await repo.queued_jobs(db))
+    return Snapshot(nodes=tuple(nodes), pending=pending)
+
+
+@dataclass
+class CycleReport:
+    leader: bool
+    bound: int = 0
+    pending: int = 0
+    resignalled: int = 0
+    started_workflows: int = 0
+
+
+class PlacementService:
+    def __init__(self, settings: Settings, db: Database, client: Client, *, holder: str | None = None) -> None:
+        self.settings = settings
+        self.db = db
+        self.client = client
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
+        self.lease_ttl_s = max(3.0, settings.scheduler_tick_s * 2)
+        self._wake = asyncio.Event()
+
+    async def cycle(self, now: float | None = None) -> CycleReport:
+        """One scheduling cycle (see the module docstring for its phases)."""
+        now = time.time() if now is None else now
+        # 1. Leader lease.
+        epoch = await repo.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
+        if epoch is None:
+            return CycleReport(leader=False)
+        # 2. Snapshot, 3. decide.
+        snapshot = await build_snapshot(self.db, now=now, stale_after_s=self.settings.node_stale_after_s)
+        decisions = run_cycle(snapshot, now)
+        # 4. Commit, fenced by the epoch.
+        rows = [
+            repo.BindingRow(
+                job_id=b.job_id,
+                attempt=b.attempt,
+                members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
+            )
+            for b in decisions.binds
+        ]
+        try:
+            allocations = await repo.commit_bindings(
+                self.db, bindings=rows, pending_reasons=decisions.pending_reasons, lease_name=LEASE_NAME, epoch=epoch, now=now
+            )
+        except repo.LeaseLost as err:
+            log.warning("%s", err)
+            return CycleReport(leader=False)
+        # 5. Tell the workflows.
+        await self._signal(allocations)
+        report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons))
+        # 6. Reconcile.
+        stale = await repo.unacked_allocations(self.db, older_than=now - self.settings.scheduler_resignal_after_s)
+        await self._signal(stale)
+        report.resignalled = len(stale)
+        report.started_workflows = await self._start_missing_workflows(now)
+        return report
+
+    async def _signal(self, allocations: Sequence[Any]) -> None:
+        sent = []
+        for alloc in allocations:
+            try:
+                await temporal.signal_placement(
+                    self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=alloc.members
+                )
+                sent.append(alloc.id)
+            except Exception as err:  # noqa: BLE001 - the reconciler retries
+                log.warning("signal to %s failed: %s", alloc.job_id, err)
+        await repo.mark_signalled(self.db, sent)
+
+    async def _start_missing_workflows(self, now: float) -> int:
+        started = 0
+        for job in await repo.jobs_without_workflow(self.db, older_than=now - 5.0):
+            try:
+                await temporal.start_job_workflow(self.client, job, self.settings)
+                await repo.mark_workflow_started(self.db, job.id)
+                started += 1
+            except Exception as err:  # noqa: BLE001 - retried next cycle
+                log.warning("could not start workflow for %s: %s", job.id, err)
+        return started
+
+    # ------------------------------------------------------------ wake-ups
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _poll_changes(self) -> None:
+        """Wake on any change of the change-feed version (works on every store)."""
+        last = await repo.change_version(self.db)
+        while True:
+            await asyncio.sleep(self.settings.scheduler_poll_s)
+            try:
+                version = await repo.change_version(self.db)
+            except Exception as err:  # noqa: BLE001 - keep polling through store hiccups
+                log.warning("change poll failed: %s", err)
+                continue
+            if version != last:
+                last = version
+                self.wake()
+
+    async def _listen(self) -> None:
+        """PostgreSQL: LISTEN for the change feed's NOTIFY."""
+        import asyncpg
+
+        dsn = self.db.url.replace("postgresql+asyncpg://", "postgresql://")
+        conn = await asyncpg.connect(dsn)
+        await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self.wake())
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await conn.close()
+
+    async def serve(self) -> None:
+        """Run cycles until cancelled."""
+        watcher = asyncio.create_task(self._listen() if not self.db.sqlite else self._poll_changes())
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    report = await self.cycle()
+                    if report.bound or report.resignalled or report.started_workflows:
+                        log.info("cycle: %s", report)
+                except Exception:
+                    log.exception("scheduling cycle failed")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.settings.scheduler_tick_s)
+        finally:
+            watcher.cancel()

@@ -1,0 +1,1 @@
+"""The relational store: the fleet's source of truth (SQLite or PostgreSQL)."""

@@ -1,0 +1,107 @@
+"""Engine, sessions and migrations for SQLite (default) and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from fairgang.settings import normalise_database_url
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+NOTIFY_CHANNEL = "fairgang_wake"
+
+
+def is_sqlite(url: str) -> bool:
+    return normalise_database_url(url).startswith("sqlite")
+
+
+def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """Create the async engine with the settings each backend needs to be shared safely.
+
+    SQLite is shared by several local processes: WAL lets readers run beside a writer,
+    the busy timeout makes a writer wait instead of failing, and every transaction
+    starts with BEGIN IMMEDIATE so that a read-then-write transaction never fails on
+    lock upgrade (SQLITE_BUSY_SNAPSHOT) under contention.
+    """
+    url = normalise_database_url(url)
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[1] if ":///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(url, **kwargs)
+
+
+class Database:
+    """An engine plus a session factory."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self.url = normalise_database_url(url)
+        self.engine = make_engine(self.url, **kwargs)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session inside one transaction: committed on success, rolled back on error."""
+        async with self.sessions() as session, session.begin():
+            yield session
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", normalise_database_url(url).replace("%", "%%"))
+    return cfg
+
+
+def migrate_sync(url: str) -> None:
+    """Bring the schema to the newest migration (blocking; safe to repeat)."""
+    command.upgrade(alembic_config(url), "head")
+
+
+async def migrate(url: str) -> None:
+    """Bring the schema to the newest migration from async code."""
+    await asyncio.to_thread(migrate_sync, url)
+
+
+async def bump_change_feed(session: AsyncSession) -> None:
+    """Tell the placement service that the queue or the free capacity changed.
+
+    Runs inside the caller's transaction, so the wake-up is as durable as the change.
+    """
+    await session.execute(text("UPDATE change_feed SET version = version + 1 WHERE id = 1"))
+    if session.bind is not None and session.bind.dialect.name == "postgresql":
+        await session.execute(text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"))

@@ -1,0 +1,173 @@
+"""Tables. Timestamps are UNIX seconds (float) so SQLite and PostgreSQL agree.
+
+Invariant 1 lives here: ``allocation_gpu`` has a partial unique index on
+(node_id, gpu_index) over live rows, so no GPU can be held by two live allocations,
+whatever the code above does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+
+class Tenant(SQLModel, table=True):
+    name: str = Field(primary_key=True, max_length=64)
+    weight: float = 1.0
+    cohort: str | None = Field(default=None, max_length=64)
+    #: {gpu_type: {"nominal": int, "borrow_limit": int|None, "lend_limit": int|None}}
+    quotas: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    max_gpus_per_job: int = 64
+    max_runtime_s: float = 48 * 3600.0
+    max_concurrent_jobs: int = 100
+    checkpoint_prefix: str | None = Field(default=None, max_length=1024)
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_token"
+
+    id: int | None = Field(default=None, primary_key=True)
+    token_hash: str = Field(unique=True, max_length=64)
+    #: "tenant", "admin" or "node".
+    role: str = Field(max_length=16)
+    tenant: str | None = Field(default=None, foreign_key="tenant.name", max_length=64)
+    created_at: float = 0.0
+
+
+class Node(SQLModel, table=True):
+    id: str = Field(primary_key=True, max_length=64)
+    gpu_type: str = Field(max_length=64)
+    gpu_count: int
+    #: Topology domains by level, e.g. {"leaf": "l1", "spine": "s1"}.
+    labels: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    #: "DOWN" (never seen), "READY", "CORDONED", "LOST".
+    state: str = Field(default="DOWN", max_length=16)
+    boot_id: str | None = Field(default=None, max_length=64)
+    last_heartbeat: float | None = None
+    registered_at: float | None = None
+    address: str | None = Field(default=None, max_length=256)
+
+
+class Gpu(SQLModel, table=True):
+    node_id: str = Field(primary_key=True, foreign_key="node.id", max_length=64)
+    index: int = Field(primary_key=True)
+    uuid: str | None = Field(default=None, max_length=128)
+    healthy: bool = True
+    #: Latest health report from the agent (temperature, ECC, Xid, ...).
+    health: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
+        Index("ix_job_state", "state"),
+        Index("ix_job_tenant_state", "tenant", "state"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(foreign_key="tenant.name", max_length=64)
+    name: str = Field(max_length=64)
+    idempotency_key: str = Field(max_length=160)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    gpu_type: str = Field(max_length=64)
+    gpu_count: int
+    priority: int = 100
+    state: str = Field(default="QUEUED", max_length=16)
+    attempt: int = 1
+    pending_reason: str | None = Field(default=None, max_length=512)
+    end_reason: str | None = Field(default=None, max_length=1024)
+    exit_code: int | None = None
+    latest_checkpoint: str | None = Field(default=None, max_length=1024)
+    workflow_started: bool = False
+    created_at: float
+    updated_at: float
+    queued_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class Allocation(SQLModel, table=True):
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", name="uq_allocation_job_attempt"),
+        Index("ix_allocation_state", "state"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="job.id", max_length=40)
+    attempt: int
+    #: "BOUND" (committed, workflow not told yet), "ACKED", "RELEASED".
+    state: str = Field(default="BOUND", max_length=16)
+    #: The placement service's leader epoch that committed it.
+    epoch: int = 0
+    #: [{"node_id": ..., "gpu_indices": [...], "rank": int}] in rank order.
+    members: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: float
+    acked_at: float | None = None
+    released_at: float | None = None
+    signalled_at: float | None = None
+
+
+class AllocationGpu(SQLModel, table=True):
+    """One GPU held by one allocation; ``live`` turns false when it is released."""
+
+    __tablename__ = "allocation_gpu"
+    __table_args__ = (
+        Index(
+            "uq_allocation_gpu_live",
+            "node_id",
+            "gpu_index",
+            unique=True,
+            sqlite_where=text("live"),
+            postgresql_where=text("live"),
+        ),
+    )
+
+    allocation_id: str = Field(primary_key=True, foreign_key="allocation.id", max_length=40)
+    node_id: str = Field(primary_key=True, foreign_key="node.id", max_length=64)
+    gpu_index: int = Field(primary_key=True)
+    live: bool = True
+
+
+class JobEvent(SQLModel, table=True):
+    """Append-only log of what happened to a job. ``dedupe_key`` makes writes idempotent."""
+
+    __tablename__ = "job_event"
+    __table_args__ = (
+        UniqueConstraint("job_id", "dedupe_key", name="uq_job_event_dedupe"),
+        Index("ix_job_event_job", "job_id", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", max_length=40)
+    ts: float
+    attempt: int
+    kind: str = Field(max_length=32)
+    message: str = Field(default="", max_length=2048)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    dedupe_key: str = Field(max_length=160)
+
+
+class ChangeFeed(SQLModel, table=True):
+    """One row whose version moves whenever the queue or the free capacity changes.
+
+    The placement service short-polls it (SQLite) or LISTENs for its NOTIFY
+    (PostgreSQL) to wake at once instead of waiting for its tick.
+    """
+
+    __tablename__ = "change_feed"
+
+    id: int = Field(default=1, primary_key=True)
+    version: int = 0
+
+
+class SchedulerLease(SQLModel, table=True):
+    """The placement service's leader lease; ``epoch`` fences stale leaders."""
+
+    __tablename__ = "scheduler_lease"
+
+    name: str = Field(primary_key=True, max_length=32)
+    holder: str = Field(max_length=128)
+    epoch: int = 0
+    expires_at: float = 0.0

@@ -1,0 +1,633 @@
+"""Data access: every state change of the platform is one short transaction here.
+
+Functions take keyword-only arguments and a :class:`~store.db.Database` or an open
+session. Each write is idempotent: repeating it (a retried activity, a re-sent signal)
+changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from fairgang.cluster import ClusterConfig
+from fairgang.spec import TERMINAL_STATES, JobSpec, JobState
+from store.db import Database, bump_change_feed
+from store.models import (
+    Allocation,
+    AllocationGpu,
+    ApiToken,
+    ChangeFeed,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    SchedulerLease,
+    Tenant,
+)
+
+TERMINAL = {s.value for s in TERMINAL_STATES}
+LIVE_ALLOCATION_STATES = ("BOUND", "ACKED")
+
+
+def hash_token(token: str) -> str:
+    """Tokens are stored as SHA-256 digests only."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: an admin, a tenant, or a node agent."""
+
+    role: str
+    tenant: str | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+
+# ---------------------------------------------------------------- config and auth
+
+
+async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None = None) -> None:
+    """Load tenants, tokens and nodes from a cluster config (safe to repeat).
+
+    Existing rows are updated in place; node state, boot id and heartbeats are kept.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        for t in config.tenants:
+            row = await session.get(Tenant, t.name)
+            values: dict[str, Any] = dict(
+                weight=t.weight,
+                cohort=t.cohort,
+                quotas={k: v.model_dump() for k, v in t.quotas.items()},
+                max_gpus_per_job=t.max_gpus_per_job,
+                max_runtime_s=t.max_runtime,
+                max_concurrent_jobs=t.max_concurrent_jobs,
+                checkpoint_prefix=t.checkpoint_prefix,
+            )
+            if row is None:
+                session.add(Tenant(name=t.name, **values))
+            else:
+                for key, value in values.items():
+                    setattr(row, key, value)
+        await session.flush()
+        wanted: list[tuple[str, str, str | None]] = [(tok, "admin", None) for tok in config.admin_tokens]
+        wanted += [(config.node_token, "node", None)]
+        wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
+        for token, role, tenant in wanted:
+            digest = hash_token(token)
+            existing = (await session.execute(select(ApiToken).where(ApiToken.token_hash == digest))).scalar_one_or_none()
+            if existing is None:
+                session.add(ApiToken(token_hash=digest, role=role, tenant=tenant, created_at=now))
+            else:
+                existing.role, existing.tenant = role, tenant
+        for n in config.nodes:
+            node = await session.get(Node, n.id)
+            if node is None:
+                session.add(Node(id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=dict(n.labels)))
+            else:
+                node.gpu_type, node.gpu_count, node.labels = n.gpu_type, n.gpus, dict(n.labels)
+            await session.flush()
+            for index in range(n.gpus):
+                if await session.get(Gpu, (n.id, index)) is None:
+                    session.add(Gpu(node_id=n.id, index=index))
+        await bump_change_feed(session)
+
+
+async def authenticate(db: Database, token: str) -> Principal | None:
+    async with db.sessions() as session:
+        row = (
+            await session.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+        ).scalar_one_or_none()
+    if row is None:
+        return None
+    return Principal(role=row.role, tenant=row.tenant)
+
+
+async def get_tenant(db: Database, name: str) -> Tenant | None:
+    async with db.sessions() as session:
+        return await session.get(Tenant, name)
+
+
+async def node_shapes(db: Database) -> dict[str, list[int]]:
+    """GPU type -> sorted distinct GPUs per node, over every known node."""
+    async with db.sessions() as session:
+        rows = (await session.execute(select(Node.gpu_type, Node.gpu_count).distinct())).all()
+    shapes: dict[str, list[int]] = {}
+    for gpu_type, count in rows:
+        shapes.setdefault(gpu_type, []).append(count)
+    return {k: sorted(set(v)) for k, v in shapes.items()}
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def _event(job_id: str, attempt: int, kind: str, message: str, key: str, now: float, **data: Any) -> JobEvent:
+    return JobEvent(job_id=job_id, ts=now, attempt=attempt, kind=kind, message=message, data=data, dedupe_key=key)
+
+
+async def create_job(
+    db: Database,
+    *,
+    spec: JobSpec,
+    tenant: str,
+    max_concurrent_jobs: int | None = None,
+    now: float | None = None,
+) -> tuple[Job, bool]:
+    """Insert a queued job, or return the one already submitted with the same key.
+
+    The idempotency key is the client's, else the job name (SPEC R1.3). The concurrent
+    job cap is checked in the same transaction as the insert.
+
+    Returns:
+        (job, created): created is False when the key was already used.
+
+    Raises:
+        AdmissionRefused: when the tenant is at its concurrent-job cap.
+    """
+    now = time.time() if now is None else now
+    key = spec.idempotency_key or f"name:{spec.name}"
+    existing = await find_job_by_key(db, tenant=tenant, key=key)
+    if existing is not None:
+        return existing, False
+    job = Job(
+        id=new_id("j"),
+        tenant=tenant,
+        name=spec.name,
+        idempotency_key=key,
+        spec=spec.model_dump(mode="json", exclude={"idempotency_key"}) | {"tenant": tenant},
+        gpu_type=spec.gpu_type,
+        gpu_count=spec.gpu_count,
+        priority=spec.priority,
+        state=JobState.QUEUED.value,
+        attempt=1,
+        pending_reason="waiting for its workflow to start",
+        created_at=now,
+        updated_at=now,
+        queued_at=now,
+    )
+    try:
+        async with db.transaction() as session:
+            if max_concurrent_jobs is not None:
+                active = (
+                    await session.execute(
+                        select(func.count()).select_from(Job).where(Job.tenant == tenant, Job.state.not_in(TERMINAL))  # type: ignore[attr-defined]
+                    )
+                ).scalar_one()
+                if active >= max_concurrent_jobs:
+                    raise AdmissionRefused(
+                        "tenant",
+                        f"tenant '{tenant}' already has {active} unfinished jobs (limit {max_concurrent_jobs})",
+                    )
+            session.add(job)
+            await session.flush()
+            session.add(_event(job.id, 1, "SUBMITTED", f"submitted by tenant {tenant}", "submitted", now))
+    except IntegrityError:
+        # A concurrent submit with the same key won the race: return its job.
+        existing = await find_job_by_key(db, tenant=tenant, key=key)
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+class AdmissionRefused(Exception):
+    """The job is valid but this tenant may not run it (SPEC R2.1)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+async def find_job_by_key(db: Database, *, tenant: str, key: str) -> Job | None:
+    async with db.sessions() as session:
+        return (
+            await session.execute(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
+        ).scalar_one_or_none()
+
+
+async def get_job(db: Database, job_id: str) -> Job | None:
+    async with db.sessions() as session:
+        return await session.get(Job, job_id)
+
+
+async def list_jobs(
+    db: Database, *, tenant: str | None = None, state: str | None = None, limit: int = 200
+) -> Sequence[Job]:
+    query = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)  # type: ignore[attr-defined]
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    if state is not None:
+        query = query.where(Job.state == state)
+    async with db.sessions() as session:
+        return (await session.execute(query)).scalars().all()
+
+
+async def job_events(db: Database, job_id: str) -> Sequence[JobEvent]:
+    async with db.sessions() as session:
+        query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)  # type: ignore[arg-type]
+        return (await session.execute(query)).scalars().all()
+
+
+async def job_allocations(db: Database, job_id: str) -> Sequence[Allocation]:
+    async with db.sessions() as session:
+        query = select(Allocation).where(Allocation.job_id == job_id).order_by(Allocation.attempt)
+        return (await session.execute(query)).scalars().all()
+
+
+async def jobs_without_workflow(db: Database, *, older_than: float) -> Sequence[Job]:
+    """Jobs whose workflow start may have been lost (the API died in between)."""
+    async with db.sessions() as session:
+        query = select(Job).where(
+            Job.workflow_started == False,  # noqa: E712
+            Job.state.not_in(TERMINAL),  # type: ignore[attr-defined]
+            Job.created_at < older_than,
+        )
+        return (await session.execute(query)).scalars().all()
+
+
+async def mark_workflow_started(db: Database, job_id: str) -> None:
+    async with db.transaction() as session:
+        await session.execute(update(Job).where(Job.id == job_id).values(workflow_started=True))  # type: ignore[arg-type]
+
+
+async def _add_event_once(session: AsyncSession, event: JobEvent) -> bool:
+    """Append an event unless one with its dedupe key exists. Returns True if added."""
+    exists = (
+        await session.execute(
+            select(JobEvent.id).where(JobEvent.job_id == event.job_id, JobEvent.dedupe_key == event.dedupe_key)
+        )
+    ).first()
+    if exists is not None:
+        return False
+    session.add(event)
+    return True
+
+
+async def _release_live(session: AsyncSession, job_id: str, now: float, *, only: str | None = None) -> list[str]:
+    """Release the job's live allocations (all, or just ``only``); returns their ids."""
+    query = select(Allocation).where(Allocation.job_id == job_id, Allocation.state.in_(LIVE_ALLOCATION_STATES))  # type: ignore[attr-defined]
+    if only is not None:
+        query = query.where(Allocation.id == only)
+    released = []
+    for alloc in (await session.execute(query)).scalars().all():
+        alloc.state, alloc.released_at = "RELEASED", now
+        await session.execute(
+            update(AllocationGpu).where(AllocationGpu.allocation_id == alloc.id).values(live=False)  # type: ignore[arg-type]
+        )
+        released.append(alloc.id)
+    if released:
+        await bump_change_feed(session)
+    return released
+
+
+async def record_transition(
+    db: Database,
+    *,
+    job_id: str,
+    attempt: int,
+    state: JobState,
+    event_key: str,
+    message: str = "",
+    allocation_id: str | None = None,
+    exit_code: int | None = None,
+    end_reason: str | None = None,
+    pending_reason: str | None = None,
+    now: float | None = None,
+) -> Job:
+    """Move a job to ``state`` for ``attempt`` and log it, once.
+
+    Idempotent by ``event_key``: a repeat returns the job unchanged. A terminal job, or
+    a transition for an older attempt, changes nothing. Moving to a terminal state
+    releases the job's live allocations in the same transaction; moving to LAUNCHING
+    acknowledges ``allocation_id``.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        if job.state in TERMINAL or attempt < job.attempt:
+            return job
+        if not await _add_event_once(
+            session,
+            _event(job_id, attempt, state.value, message, event_key, now, allocation_id=allocation_id, exit_code=exit_code),
+        ):
+            return job
+        job.state, job.updated_at = state.value, now
+        if state is JobState.LAUNCHING and allocation_id is not None:
+            job.pending_reason = None
+            await session.execute(
+                update(Allocation)
+                .where(Allocation.id == allocation_id, Allocation.state == "BOUND")  # type: ignore[arg-type]
+                .values(state="ACKED", acked_at=now)
+            )
+        if state is JobState.RUNNING and job.started_at is None:
+            job.started_at = now
+        if pending_reason is not None:
+            job.pending_reason = pending_reason
+        if state.terminal:
+            job.finished_at, job.exit_code, job.end_reason = now, exit_code, end_reason or message
+            job.pending_reason = None
+            await _release_live(session, job_id, now)
+        return job
+
+
+async def requeue_job(
+    db: Database, *, job_id: str, from_attempt: int, reason: str, now: float | None = None
+) -> Job:
+    """Release the attempt's GPUs and queue the job again as attempt + 1 (idempotent)."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        if job.state in TERMINAL or job.attempt != from_attempt:
+            return job
+        await _release_live(session, job_id, now)
+        job.attempt = from_attempt + 1
+        job.state, job.updated_at, job.queued_at = JobState.QUEUED.value, now, now
+        job.pending_reason = f"requeued: {reason}"
+        session.add(_event(job_id, job.attempt, "REQUEUED", reason, f"requeue-{from_attempt}", now))
+        await bump_change_feed(session)
+        return job
+
+
+async def release_allocation(db: Database, *, job_id: str, allocation_id: str, now: float | None = None) -> bool:
+    """Release one allocation (idempotent). Returns True when it was live."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        return bool(await _release_live(session, job_id, now, only=allocation_id))
+
+
+async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | None = None) -> Job:
+    """The workflow is waiting for placement: make the job visible to the scheduler."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        changed = False
+        if not job.workflow_started:
+            job.workflow_started, changed = True, True
+        if job.state == JobState.QUEUED.value and job.pending_reason == "waiting for its workflow to start":
+            job.pending_reason, changed = "waiting for placement", True
+        if changed:
+            job.updated_at = now
+            await bump_change_feed(session)
+        return job
+
+
+async def set_latest_checkpoint(db: Database, *, job_id: str, checkpoint: str) -> None:
+    async with db.transaction() as session:
+        await session.execute(update(Job).where(Job.id == job_id).values(latest_checkpoint=checkpoint))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- nodes
+
+
+async def register_node(
+    db: Database,
+    *,
+    node_id: str,
+    gpu_type: str,
+    gpu_count: int,
+    labels: dict[str, str],
+    boot_id: str,
+    gpus: list[dict[str, Any]],
+    address: str | None = None,
+    now: float | None = None,
+) -> tuple[Node, list[str]]:
+    """An agent (re)registers its node. Returns the node and its live allocation ids.
+
+    A node that comes back with a new boot id keeps its live allocations in the store
+    (their workflows decide what became of them); the agent kills any process whose
+    allocation is not in the returned list (invariant 4).
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        node = await session.get(Node, node_id)
+        if node is None:
+            node = Node(id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=labels)
+            session.add(node)
+        else:
+            node.gpu_type, node.gpu_count = gpu_type, gpu_count
+            if labels:
+                node.labels = labels
+        node.boot_id, node.last_heartbeat, node.registered_at, node.address = boot_id, now, now, address
+        if node.state in ("DOWN", "LOST"):
+            node.state = "READY"
+        await session.flush()
+        for gpu in gpus:
+            row = await session.get(Gpu, (node_id, gpu["index"]))
+            if row is None:
+                session.add(Gpu(node_id=node_id, index=gpu["index"], uuid=gpu.get("uuid"), health=gpu.get("health", {})))
+            else:
+                row.uuid, row.health = gpu.get("uuid"), gpu.get("health", {})
+        await bump_change_feed(session)
+        live = await _live_allocations_on(session, node_id)
+        return node, live
+
+
+async def _live_allocations_on(session: AsyncSession, node_id: str) -> list[str]:
+    query = (
+        select(AllocationGpu.allocation_id)
+        .where(AllocationGpu.node_id == node_id, AllocationGpu.live == True)  # noqa: E712
+        .distinct()
+    )
+    return sorted(r for (r,) in (await session.execute(query)).all())
+
+
+async def node_heartbeat(
+    db: Database, *, node_id: str, boot_id: str, now: float | None = None
+) -> tuple[bool, list[str]]:
+    """Record a heartbeat. Returns (accepted, live allocation ids on the node).
+
+    A heartbeat from another boot of the node, or from a node declared lost, is
+    refused: the agent must register again, and a lost node's allocations stay lost.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        node = await session.get(Node, node_id)
+        if node is None or node.boot_id != boot_id or node.state == "LOST":
+            return False, []
+        was_stale = node.last_heartbeat is None
+        node.last_heartbeat = now
+        if was_stale:
+            await bump_change_feed(session)
+        return True, await _live_allocations_on(session, node_id)
+
+
+async def list_nodes(db: Database) -> Sequence[Node]:
+    async with db.sessions() as session:
+        return (await session.execute(select(Node).order_by(Node.id))).scalars().all()
+
+
+async def list_gpus(db: Database) -> Sequence[Gpu]:
+    async with db.sessions() as session:
+        return (await session.execute(select(Gpu).order_by(Gpu.node_id, Gpu.index))).scalars().all()  # type: ignore[arg-type]
+
+
+async def live_allocation_gpus(db: Database) -> Sequence[AllocationGpu]:
+    async with db.sessions() as session:
+        query = select(AllocationGpu).where(AllocationGpu.live == True)  # noqa: E712
+        return (await session.execute(query)).scalars().all()
+
+
+async def queued_jobs(db: Database) -> Sequence[Job]:
+    async with db.sessions() as session:
+        query = (
+            select(Job)
+            .where(Job.state == JobState.QUEUED.value, Job.workflow_started == True)  # noqa: E712
+            .order_by(Job.queued_at, Job.id)
+        )
+        return (await session.execute(query)).scalars().all()
+
+
+async def change_version(db: Database) -> int:
+    async with db.sessions() as session:
+        row = await session.get(ChangeFeed, 1)
+        return row.version if row else 0
+
+
+# ---------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class BindingRow:
+    """A binding the placement service wants to commit."""
+
+    job_id: str
+    attempt: int
+    members: list[dict[str, Any]]
+
+
+class LeaseLost(Exception):
+    """The caller no longer holds the leader lease; nothing was committed."""
+
+
+async def acquire_lease(
+    db: Database, *, name: str, holder: str, ttl_s: float, now: float | None = None
+) -> int | None:
+    """Take or renew the leader lease. Returns the epoch held, or None if another holds it.
+
+    The epoch grows each time the lease changes hands, so a stale leader's commits
+    (checked against the epoch) fail.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        lease = await session.get(SchedulerLease, name, with_for_update=True)
+        if lease is None:
+            session.add(SchedulerLease(name=name, holder=holder, epoch=1, expires_at=now + ttl_s))
+            return 1
+        if lease.holder == holder and lease.expires_at >= now:
+            lease.expires_at = now + ttl_s
+            return lease.epoch
+        if lease.expires_at < now:
+            lease.holder, lease.epoch, lease.expires_at = holder, lease.epoch + 1, now + ttl_s
+            return lease.epoch
+        return None
+
+
+async def commit_bindings(
+    db: Database,
+    *,
+    bindings: Sequence[BindingRow],
+    pending_reasons: dict[str, str],
+    lease_name: str,
+    epoch: int,
+    now: float | None = None,
+) -> list[Allocation]:
+    """Commit a cycle's bindings in one transaction guarded by the lease epoch.
+
+    Each binding is a compare-and-set on the job (still QUEUED at that attempt) plus one
+    ``allocation_gpu`` row per GPU; a binding that lost a race (job cancelled, GPU taken)
+    is skipped through a savepoint and the rest commit.
+
+    Raises:
+        LeaseLost: when ``epoch`` is no longer the lease's epoch.
+    """
+    now = time.time() if now is None else now
+    committed: list[Allocation] = []
+    async with db.transaction() as session:
+        lease = await session.get(SchedulerLease, lease_name, with_for_update=True)
+        if lease is None or lease.epoch != epoch or lease.expires_at < now:
+            raise LeaseLost(f"lease {lease_name} epoch {epoch} is no longer held")
+        for binding in bindings:
+            alloc = Allocation(
+                id=new_id("a"),
+                job_id=binding.job_id,
+                attempt=binding.attempt,
+                epoch=epoch,
+                members=binding.members,
+                created_at=now,
+            )
+            try:
+                async with session.begin_nested():
+                    result = await session.execute(
+                        update(Job)
+                        .where(Job.id == binding.job_id, Job.state == JobState.QUEUED.value, Job.attempt == binding.attempt)  # type: ignore[arg-type]
+                        .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
+                    )
+                    if result.rowcount != 1:  # type: ignore[attr-defined]
+                        raise _SkipBinding
+                    session.add(alloc)
+                    await session.flush()
+                    for member in binding.members:
+                        for index in member["gpu_indices"]:
+                            session.add(AllocationGpu(allocation_id=alloc.id, node_id=member["node_id"], gpu_index=index))
+                    await session.flush()
+                    nodes = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in binding.members)
+                    session.add(
+                        _event(binding.job_id, binding.attempt, "PLACED", f"placed on {nodes}", f"placed-{binding.attempt}", now, allocation_id=alloc.id)
+                    )
+                    await session.flush()
+                committed.append(alloc)
+            except (_SkipBinding, IntegrityError):
+                continue
+        for job_id, reason in sorted(pending_reasons.items()):
+            await session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == JobState.QUEUED.value, Job.pending_reason != reason)  # type: ignore[arg-type]
+                .values(pending_reason=reason)
+            )
+    return committed
+
+
+class _SkipBinding(Exception):
+    pass
+
+
+async def unacked_allocations(db: Database, *, older_than: float) -> Sequence[Allocation]:
+    """Bindings committed but not acknowledged by their workflow since ``older_than``."""
+    async with db.sessions() as session:
+        query = select(Allocation).where(
+            Allocation.state == "BOUND",
+            func.coalesce(Allocation.signalled_at, Allocation.created_at) < older_than,
+        )
+        return (await session.execute(query)).scalars().all()
+
+
+async def mark_signalled(db: Database, allocation_ids: Sequence[str], now: float | None = None) -> None:
+    if not allocation_ids:
+        return
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        await session.execute(
+            update(Allocation).where(Allocation.id.in_(allocation_ids)).values(signalled_at=now)  # type: ignore[attr-defined]
+        )

@@ -1,0 +1,1 @@
+"""Durable Temporal workflows: one per job (deterministic code only)."""

@@ -1,0 +1,298 @@
+"""The job workflow: one per job, workflow id = job id (SPEC "Shape").
+
+QUEUED -> (placement signal) -> LAUNCHING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED |
+TIMED_OUT, with a REQUEUED loop when a member is lost. Every transition is written to
+the store by an idempotent activity; the store stays the fleet's source of truth and
+this workflow owns the job's lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.messages import (
+        CancelRequest,
+        JobInput,
+        JobOutcome,
+        JobStatus,
+        LaunchInput,
+        LaunchResult,
+        MemberStarted,
+        Placement,
+        QueuedInput,
+        RequeueInput,
+        TransitionInput,
+    )
+
+TENANT = SearchAttributeKey.for_keyword("Tenant")
+GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
+JOB_STATE = SearchAttributeKey.for_keyword("JobState")
+
+#: Store activities are short and idempotent: retry them until the store answers.
+STORE_ACTIVITY = dict(
+    start_to_close_timeout=timedelta(seconds=30),
+    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)),
+)
+MASTER_PORT = 29500
+
+
+def _outcome_of(handle: asyncio.Future[LaunchResult]) -> LaunchResult | BaseException:
+    if handle.cancelled():
+        return asyncio.CancelledError()
+    return handle.exception() or handle.result()
+
+
+@dataclass
+class GangResult:
+    """How one attempt's gang ended."""
+
+    kind: str  # "succeeded", "failed", "cancelled", "timed_out", "lost"
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class WorkflowState:
+    """All of the workflow's state, in one place."""
+
+    state: str = "QUEUED"
+    attempt: int = 1
+    placement: Placement | None = None
+    cancel: CancelRequest | None = None
+    started_members: set[int] = field(default_factory=set)
+    own_failures: int = 0
+    infra_failures: int = 0
+
+
+@workflow.defn(name="TrainingJob")
+class TrainingJobWorkflow:
+    def __init__(self) -> None:
+        self.s = WorkflowState()
+        self.job: JobInput | None = None
+
+    # ------------------------------------------------------------ messages
+
+    @workflow.signal
+    def place(self, placement: Placement) -> None:
+        """Placement from the scheduler; duplicates and stale attempts are dropped."""
+        if placement.attempt != self.s.attempt or self.s.state != "QUEUED" or self.s.placement is not None:
+            return
+        self.s.placement = placement
+
+    @workflow.signal
+    def cancel(self, request: CancelRequest) -> None:
+        if self.s.cancel is None:
+            self.s.cancel = request
+
+    @workflow.signal
+    def member_started(self, started: MemberStarted) -> None:
+        placement = self.s.placement
+        if placement is not None and started.allocation_id == placement.allocation_id:
+            self.s.started_members.add(started.rank)
+
+    @workflow.query
+    def status(self) -> JobStatus:
+        placement = self.s.placement
+        return JobStatus(
+            state=self.s.state,
+            attempt=self.s.attempt,
+            allocation_id=placement.allocation_id if placement else None,
+            started_members=sorted(self.s.started_members),
+        )
+
+    # ------------------------------------------------------------ main loop
+
+    @workflow.run
+    async def run(self, job: JobInput) -> JobOutcome:
+        self.job = job
+        self.s.attempt = job.attempt
+        try:
+            outcome = await self._lifecycle(job)
+        except asyncio.CancelledError:
+            # Cancelled from Temporal itself (UI or CLI): end the same way as a cancel signal.
+            outcome = await self._finish("CANCELLED", None, "workflow cancelled", "cancel")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return outcome
+
+    async def _lifecycle(self, job: JobInput) -> JobOutcome:
+        while True:
+            await self._set_state("QUEUED")
+            await workflow.execute_activity(
+                "mark_queued", QueuedInput(job_id=job.job_id, attempt=self.s.attempt), **STORE_ACTIVITY  # type: ignore[arg-type]
+            )
+            await self._wait(lambda: self.s.placement is not None or self.s.cancel is not None)
+            if self.s.cancel is not None:
+                return await self._finish("CANCELLED", None, self.s.cancel.reason, "cancel")
+            placement = self.s.placement
+            assert placement is not None
+            await self._transition("LAUNCHING", f"launching-{self.s.attempt}", "launching", placement.allocation_id)
+            result = await self._run_gang(job, placement)
+            if result.kind == "succeeded":
+                return await self._finish("SUCCEEDED", 0, "all members exited 0", "end")
+            if result.kind == "cancelled":
+                return await self._finish("CANCELLED", result.exit_code, self.s.cancel.reason if self.s.cancel else "cancelled", "cancel")
+            if result.kind == "timed_out":
+                return await self._finish("TIMED_OUT", result.exit_code, result.reason, "end")
+            if result.kind == "failed":
+                self.s.own_failures += 1
+                if self.s.own_failures > job.retries:
+                    return await self._finish("FAILED", result.exit_code, result.reason, "end")
+                await self._requeue(f"job failed ({result.reason}); retry {self.s.own_failures} of {job.retries}")
+                continue
+            # Lost: infrastructure, not the job's fault. Back off, then queue again.
+            self.s.infra_failures += 1
+            if self.s.infra_failures > job.infra_retry_limit:
+                return await self._finish("FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end")
+            await workflow.sleep(job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
+            await self._requeue(result.reason)
+
+    async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
+        """Launch one activity per member, watch them, stop all if one fails."""
+        members = sorted(placement.members, key=lambda m: m.rank)
+        world = len(members)
+        per_member = len(members[0].gpu_indices)
+        results: dict[int, LaunchResult | BaseException] = {}
+        handles = []
+        for member in members:
+            launch = LaunchInput(
+                job_id=job.job_id,
+                attempt=self.s.attempt,
+                allocation_id=placement.allocation_id,
+                node_id=member.node_id,
+                rank=member.rank,
+                world_size=world,
+                gpu_indices=list(member.gpu_indices),
+                gpus_per_member=per_member,
+                argv=list(job.argv),
+                env=dict(job.env),
+                checkpoint_dir=job.checkpoint_dir,
+                grace_period_s=job.grace_period_s,
+                master_addr=members[0].node_id,
+                master_port=MASTER_PORT,
+            )
+            handle = workflow.start_activity(
+                "launch",
+                launch,
+                task_queue=f"node-{member.node_id}",
+                start_to_close_timeout=timedelta(seconds=job.max_runtime_s + job.grace_period_s + 300),
+                heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
+                # A retry would wait on the same (maybe dead) node's queue: the workflow re-places instead.
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                result_type=LaunchResult,
+            )
+            handle.add_done_callback(lambda h, rank=member.rank: results.__setitem__(rank, _outcome_of(h)))
+            handles.append(handle)
+
+        def member_failed() -> bool:
+            return any(isinstance(r, BaseException) or r.exit_code != 0 for r in results.values())
+
+        running_recorded = False
+        deadline = workflow.now() + timedelta(seconds=job.max_runtime_s)
+        timed_out = False
+        while True:
+            remaining = (deadline - workflow.now()).total_seconds()
+            try:
+                await self._wait(
+                    lambda: len(results) == world
+                    or member_failed()
+                    or self.s.cancel is not None
+                    or (not running_recorded and len(self.s.started_members) == world),
+                    timeout=max(remaining, 0.001),
+                )
+            except asyncio.TimeoutError:
+                timed_out = True
+                break
+            if not running_recorded and len(self.s.started_members) == world:
+                running_recorded = True
+                await self._transition("RUNNING", f"running-{self.s.attempt}", f"{world} member(s) running", placement.allocation_id)
+                continue
+            break
+        stopping = len(results) < world
+        if stopping:
+            for handle in handles:
+                if not handle.done():
+                    handle.cancel()
+            await asyncio.gather(*handles, return_exceptions=True)
+        return self._judge(results, timed_out=timed_out, cancelled=self.s.cancel is not None and stopping)
+
+    def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, cancelled: bool) -> GangResult:
+        for rank in sorted(results):
+            r = results[rank]
+            if isinstance(r, ActivityError):
+                if isinstance(r.cause, TimeoutError) and r.cause.type == TimeoutType.HEARTBEAT:
+                    return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
+        codes = {rank: r.exit_code for rank, r in results.items() if isinstance(r, LaunchResult)}
+        if timed_out:
+            return GangResult("timed_out", None, "max runtime reached")
+        if cancelled:
+            return GangResult("cancelled", None, "cancelled")
+        for rank in sorted(results):
+            r = results[rank]
+            if isinstance(r, LaunchResult) and r.how == "start_failed":
+                return GangResult("failed", r.exit_code, f"member {rank} could not start: {r.error}")
+            if isinstance(r, LaunchResult) and r.exit_code != 0:
+                return GangResult("failed", r.exit_code, f"member {rank} exited with code {r.exit_code}")
+            if isinstance(r, BaseException):
+                return GangResult("lost", None, f"member {rank} failed: {r}")
+        if len(codes) == len(results) and all(c == 0 for c in codes.values()):
+            return GangResult("succeeded", 0)
+        return GangResult("lost", None, "gang ended without a result")
+
+    async def _wait(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
+        """wait_condition that turns a Temporal cancel of the workflow into a cancel request."""
+        try:
+            await workflow.wait_condition(condition, timeout=timeout)
+        except asyncio.CancelledError:
+            if self.s.cancel is None:
+                self.s.cancel = CancelRequest(reason="workflow cancelled through Temporal")
+
+    # ------------------------------------------------------------ store writes
+
+    async def _set_state(self, state: str) -> None:
+        self.s.state = state
+        workflow.upsert_search_attributes([JOB_STATE.value_set(state)])
+
+    async def _transition(self, state: str, key: str, message: str, allocation_id: str | None = None) -> None:
+        assert self.job is not None
+        await workflow.execute_activity(
+            "record_transition",
+            TransitionInput(job_id=self.job.job_id, attempt=self.s.attempt, state=state, event_key=key, message=message, allocation_id=allocation_id),
+            **STORE_ACTIVITY,  # type: ignore[arg-type]
+        )
+        await self._set_state(state)
+
+    async def _requeue(self, reason: str) -> None:
+        assert self.job is not None
+        await workflow.execute_activity(
+            "requeue", RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason), **STORE_ACTIVITY  # type: ignore[arg-type]
+        )
+        self.s.attempt += 1
+        self.s.placement = None
+        self.s.started_members = set()
+
+    async def _finish(self, state: str, exit_code: int | None, reason: str, key: str) -> JobOutcome:
+        assert self.job is not None
+        await workflow.execute_activity(
+            "record_transition",
+            TransitionInput(
+                job_id=self.job.job_id,
+                attempt=self.s.attempt,
+                state=state,
+                event_key=f"{key}-{self.s.attempt}",
+                message=reason,
+                exit_code=exit_code,
+                end_reason=reason,
+            ),
+            **STORE_ACTIVITY,  # type: ignore[arg-type]
+        )
+        await self._set_state(state)
+        return JobOutcome(state=state, attempt=self.s.attempt, exit_code=exit_code, reason=reason)

@@ -1,0 +1,137 @@
+"""Inputs and results that cross Temporal: one dataclass per workflow, signal and activity.
+
+Plain dataclasses (Temporal's default converter), no I/O imports, so the workflow
+sandbox passes them through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class JobInput:
+    """Start input of the job workflow: what it needs without reading the store."""
+
+    job_id: str
+    tenant: str
+    gpu_type: str
+    gpu_count: int
+    argv: list[str]
+    env: dict[str, str]
+    checkpoint_dir: str
+    max_runtime_s: float
+    grace_period_s: float
+    retries: int = 0
+    #: Launch activities heartbeat; silence this long means the member is lost.
+    heartbeat_timeout_s: float = 20.0
+    infra_retry_limit: int = 5
+    infra_retry_backoff_s: float = 2.0
+    attempt: int = 1
+
+
+@dataclass
+class PlacementMember:
+    node_id: str
+    gpu_indices: list[int]
+    rank: int
+
+
+@dataclass
+class Placement:
+    """Signal from the placement service: the attempt is bound to these GPUs.
+
+    The binding is already committed when this is sent; (allocation_id, attempt) lets
+    the workflow drop duplicates and stale ones.
+    """
+
+    allocation_id: str
+    attempt: int
+    members: list[PlacementMember]
+
+
+@dataclass
+class CancelRequest:
+    reason: str = "cancelled by user"
+
+
+@dataclass
+class MemberStarted:
+    """Signal from an agent: the member's process is running."""
+
+    allocation_id: str
+    rank: int
+    pid: int
+
+
+@dataclass
+class LaunchInput:
+    """Launch one gang member's process on the node whose task queue runs this."""
+
+    job_id: str
+    attempt: int
+    allocation_id: str
+    node_id: str
+    rank: int
+    world_size: int
+    gpu_indices: list[int]
+    gpus_per_member: int
+    argv: list[str]
+    env: dict[str, str]
+    checkpoint_dir: str
+    grace_period_s: float
+    master_addr: str
+    master_port: int
+    resume_from: str = ""
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int | None
+    #: How the process ended: "exited", "terminated" (stopped by the platform), "start_failed".
+    how: str = "exited"
+    error: str = ""
+    checkpoint: str | None = None
+
+
+@dataclass
+class QueuedInput:
+    job_id: str
+    attempt: int
+
+
+@dataclass
+class TransitionInput:
+    job_id: str
+    attempt: int
+    state: str
+    event_key: str
+    message: str = ""
+    allocation_id: str | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
+
+
+@dataclass
+class RequeueInput:
+    job_id: str
+    from_attempt: int
+    reason: str
+
+
+@dataclass
+class JobOutcome:
+    state: str
+    attempt: int
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class JobStatus:
+    """What the ``status`` query returns."""
+
+    state: str
+    attempt: int
+    allocation_id: str | None = None
+    started_members: list[int] = field(default_factory=list)
