@@ -93,7 +93,7 @@ class LaunchActivities:
                 activity.heartbeat()
                 try:
                     code = await asyncio.wait_for(asyncio.shield(proc.wait()), HEARTBEAT_EVERY_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 return LaunchResult(exit_code=code, how="exited")
         except asyncio.CancelledError:

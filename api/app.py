@@ -36,9 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
-        problems = [
-            {"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()
-        ]
+        problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()]
         return JSONResponse({"detail": {"error": "invalid request", "problems": problems}}, status_code=422)
 
     @app.get("/healthz", tags=["health"])

@@ -45,7 +45,7 @@ async def fleet_shape(state: State) -> FleetShape:
 
 
 @router.post("/jobs", status_code=201, response_model=SubmitResult)
-async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)) -> Any:
     """Validate, admit and queue a job; a repeated idempotency key returns the same job."""
     require_user(who)
     try:
@@ -71,9 +71,7 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
     if problems:
         raise spec_refused(problems)
     try:
-        job, created = await repo.create_job(
-            state.db, spec=spec, tenant=tenant_name, max_concurrent_jobs=tenant.max_concurrent_jobs
-        )
+        job, created = await repo.create_job(state.db, spec=spec, tenant=tenant_name, max_concurrent_jobs=tenant.max_concurrent_jobs)
     except repo.AdmissionRefused as err:
         raise spec_refused([SpecProblem(field=err.field, reason=err.reason)], 429) from None
     if not job.workflow_started:
@@ -168,8 +166,4 @@ async def queue(state: State, who: Caller) -> list[QueueEntry]:
     require_user(who)
     jobs = await repo.queued_jobs(state.db)
     ordered = sorted(jobs, key=lambda j: queue_order_key(pending_job_view(j)))
-    return [
-        QueueEntry(position=pos, job=JobPublic.of(j))
-        for pos, j in enumerate(ordered, start=1)
-        if who.admin or j.tenant == who.tenant
-    ]
+    return [QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(ordered, start=1) if who.admin or j.tenant == who.tenant]

@@ -57,12 +57,17 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
     elif shapes is not None and spec.topology.level == "node" and spec.topology.mode == "required" and spec.gpu_count > max(shapes):
         problems.append(SpecProblem(field="topology.level", reason=f"{spec.gpu_count} GPUs do not fit on one node (at most {max(shapes)})"))
     if spec.gpu_count > tenant.max_gpus_per_job:
-        problems.append(SpecProblem(field="gpu_count", reason=f"{spec.gpu_count} is over tenant '{tenant.name}' limit of {tenant.max_gpus_per_job} GPUs per job"))
+        problems.append(
+            SpecProblem(
+                field="gpu_count", reason=f"{spec.gpu_count} is over tenant '{tenant.name}' limit of {tenant.max_gpus_per_job} GPUs per job"
+            )
+        )
     if spec.max_runtime > tenant.max_runtime_s:
         problems.append(
             SpecProblem(
                 field="max_runtime",
-                reason=f"{format_duration(spec.max_runtime)} is over tenant '{tenant.name}' limit of {format_duration(tenant.max_runtime_s)}",
+                reason=f"{format_duration(spec.max_runtime)} is over tenant '{tenant.name}' limit of "
+                f"{format_duration(tenant.max_runtime_s)}",
             )
         )
     prefix = tenant.checkpoint_prefix

@@ -73,7 +73,7 @@ def agent(
     node_id: str = typer.Option(..., "--node-id"),
     gpu_type: str = typer.Option(..., "--gpu-type"),
     gpus: int = typer.Option(None, "--gpus", help="Simulated GPU count."),
-    label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),  # noqa: B008
+    label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),
     simulated: bool = typer.Option(False, "--simulated", help="Simulated GPUs instead of NVML."),
     token: str = typer.Option(..., "--token", envvar="FAIRGANG_NODE_TOKEN"),
 ) -> None:
@@ -82,9 +82,7 @@ def agent(
 
     _logging()
     labels = dict(item.split("=", 1) for item in label)
-    _run_until_signal(
-        run_agent(Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated)
-    )
+    _run_until_signal(run_agent(Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated))
 
 
 @app.command()
@@ -178,7 +176,9 @@ def _demo(platform: Any, cluster: Any) -> None:
     terminal = {s.value for s in TERMINAL_STATES}
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        rows = [httpx.get(f"{api_url}/v1/jobs/{jid}", headers={"Authorization": f"Bearer {admin}"}, timeout=10).json() for jid, _ in submitted]
+        rows = [
+            httpx.get(f"{api_url}/v1/jobs/{jid}", headers={"Authorization": f"Bearer {admin}"}, timeout=10).json() for jid, _ in submitted
+        ]
         if all(r["state"] in terminal for r in rows):
             break
         time.sleep(1.0)

@@ -41,7 +41,7 @@ def parse_duration(value: object) -> float:
 
 def format_duration(seconds: float) -> str:
     """Format seconds compactly, e.g. 5400 -> '1h30m'."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds <= 0:
         return "0s"
     parts = []

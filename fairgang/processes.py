@@ -24,7 +24,7 @@ async def connect_temporal_with_retry(settings: Settings, attempts: int = 60):  
     for attempt in range(attempts):
         try:
             return await temporal.connect(settings)
-        except Exception as err:  # noqa: BLE001 - retried: the server may be starting
+        except Exception as err:
             if attempt == attempts - 1:
                 raise
             log.info("waiting for Temporal at %s: %s", settings.temporal_address, err)
@@ -68,11 +68,7 @@ async def run_agent(
     token: str,
     simulated: bool,
 ) -> None:
-    backend: GpuBackend
-    if simulated:
-        backend = SimulatedGpus(node_id, gpu_type, gpus or 8)
-    else:
-        backend = NvmlGpus()
+    backend: GpuBackend = SimulatedGpus(node_id, gpu_type, gpus or 8) if simulated else NvmlGpus()
     client = await connect_temporal_with_retry(settings)
     agent = NodeAgent(
         settings=settings, node_id=node_id, gpu_type=gpu_type, gpus=backend, labels=labels, token=token, log_dir=Path(settings.log_dir)

@@ -47,7 +47,11 @@ async def start_job_workflow(client: Client, job: Any, settings: Settings) -> Wo
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         search_attributes=TypedSearchAttributes(
-            [SearchAttributePair(TENANT, job.tenant), SearchAttributePair(GPU_TYPE, job.gpu_type), SearchAttributePair(JOB_STATE, job.state)]
+            [
+                SearchAttributePair(TENANT, job.tenant),
+                SearchAttributePair(GPU_TYPE, job.gpu_type),
+                SearchAttributePair(JOB_STATE, job.state),
+            ]
         ),
         execution_timeout=timedelta(days=30),
     )

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import TERMINAL_STATES, JobSpec, JobState
@@ -91,7 +92,7 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
         wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
         for token, role, tenant in wanted:
             digest = hash_token(token)
-            existing = (await session.execute(select(ApiToken).where(ApiToken.token_hash == digest))).scalar_one_or_none()
+            existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == digest))).scalar_one_or_none()
             if existing is None:
                 session.add(ApiToken(token_hash=digest, role=role, tenant=tenant, created_at=now))
             else:
@@ -111,9 +112,7 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
 
 async def authenticate(db: Database, token: str) -> Principal | None:
     async with db.sessions() as session:
-        row = (
-            await session.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
-        ).scalar_one_or_none()
+        row = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == hash_token(token)))).scalar_one_or_none()
     if row is None:
         return None
     return Principal(role=row.role, tenant=row.tenant)
@@ -127,7 +126,7 @@ async def get_tenant(db: Database, name: str) -> Tenant | None:
 async def node_shapes(db: Database) -> dict[str, list[int]]:
     """GPU type -> sorted distinct GPUs per node, over every known node."""
     async with db.sessions() as session:
-        rows = (await session.execute(select(Node.gpu_type, Node.gpu_count).distinct())).all()
+        rows = (await session.execute(select(col(Node.gpu_type), col(Node.gpu_count)).distinct())).all()
     shapes: dict[str, list[int]] = {}
     for gpu_type, count in rows:
         shapes.setdefault(gpu_type, []).append(count)
@@ -186,7 +185,7 @@ async def create_job(
             if max_concurrent_jobs is not None:
                 active = (
                     await session.execute(
-                        select(func.count()).select_from(Job).where(Job.tenant == tenant, Job.state.not_in(TERMINAL))  # type: ignore[attr-defined]
+                        select(func.count()).select_from(Job).where(col(Job.tenant) == tenant, col(Job.state).not_in(TERMINAL))
                     )
                 ).scalar_one()
                 if active >= max_concurrent_jobs:
@@ -216,9 +215,7 @@ class AdmissionRefused(Exception):
 
 async def find_job_by_key(db: Database, *, tenant: str, key: str) -> Job | None:
     async with db.sessions() as session:
-        return (
-            await session.execute(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
-        ).scalar_one_or_none()
+        return (await session.execute(select(Job).where(col(Job.tenant) == tenant, col(Job.idempotency_key) == key))).scalar_one_or_none()
 
 
 async def get_job(db: Database, job_id: str) -> Job | None:
@@ -226,27 +223,25 @@ async def get_job(db: Database, job_id: str) -> Job | None:
         return await session.get(Job, job_id)
 
 
-async def list_jobs(
-    db: Database, *, tenant: str | None = None, state: str | None = None, limit: int = 200
-) -> Sequence[Job]:
-    query = select(Job).order_by(Job.created_at.desc(), Job.id).limit(limit)  # type: ignore[attr-defined]
+async def list_jobs(db: Database, *, tenant: str | None = None, state: str | None = None, limit: int = 200) -> Sequence[Job]:
+    query = select(Job).order_by(col(Job.created_at).desc(), col(Job.id)).limit(limit)
     if tenant is not None:
-        query = query.where(Job.tenant == tenant)
+        query = query.where(col(Job.tenant) == tenant)
     if state is not None:
-        query = query.where(Job.state == state)
+        query = query.where(col(Job.state) == state)
     async with db.sessions() as session:
         return (await session.execute(query)).scalars().all()
 
 
 async def job_events(db: Database, job_id: str) -> Sequence[JobEvent]:
     async with db.sessions() as session:
-        query = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)  # type: ignore[arg-type]
+        query = select(JobEvent).where(col(JobEvent.job_id) == job_id).order_by(col(JobEvent.id))
         return (await session.execute(query)).scalars().all()
 
 
 async def job_allocations(db: Database, job_id: str) -> Sequence[Allocation]:
     async with db.sessions() as session:
-        query = select(Allocation).where(Allocation.job_id == job_id).order_by(Allocation.attempt)
+        query = select(Allocation).where(col(Allocation.job_id) == job_id).order_by(col(Allocation.attempt))
         return (await session.execute(query)).scalars().all()
 
 
@@ -254,23 +249,23 @@ async def jobs_without_workflow(db: Database, *, older_than: float) -> Sequence[
     """Jobs whose workflow start may have been lost (the API died in between)."""
     async with db.sessions() as session:
         query = select(Job).where(
-            Job.workflow_started == False,  # noqa: E712
-            Job.state.not_in(TERMINAL),  # type: ignore[attr-defined]
-            Job.created_at < older_than,
+            col(Job.workflow_started) == False,  # noqa: E712
+            col(Job.state).not_in(TERMINAL),
+            col(Job.created_at) < older_than,
         )
         return (await session.execute(query)).scalars().all()
 
 
 async def mark_workflow_started(db: Database, job_id: str) -> None:
     async with db.transaction() as session:
-        await session.execute(update(Job).where(Job.id == job_id).values(workflow_started=True))  # type: ignore[arg-type]
+        await session.execute(update(Job).where(col(Job.id) == job_id).values(workflow_started=True))
 
 
 async def _add_event_once(session: AsyncSession, event: JobEvent) -> bool:
     """Append an event unless one with its dedupe key exists. Returns True if added."""
     exists = (
         await session.execute(
-            select(JobEvent.id).where(JobEvent.job_id == event.job_id, JobEvent.dedupe_key == event.dedupe_key)
+            select(col(JobEvent.id)).where(col(JobEvent.job_id) == event.job_id, col(JobEvent.dedupe_key) == event.dedupe_key)
         )
     ).first()
     if exists is not None:
@@ -281,15 +276,13 @@ async def _add_event_once(session: AsyncSession, event: JobEvent) -> bool:
 
 async def _release_live(session: AsyncSession, job_id: str, now: float, *, only: str | None = None) -> list[str]:
     """Release the job's live allocations (all, or just ``only``); returns their ids."""
-    query = select(Allocation).where(Allocation.job_id == job_id, Allocation.state.in_(LIVE_ALLOCATION_STATES))  # type: ignore[attr-defined]
+    query = select(Allocation).where(col(Allocation.job_id) == job_id, col(Allocation.state).in_(LIVE_ALLOCATION_STATES))
     if only is not None:
-        query = query.where(Allocation.id == only)
+        query = query.where(col(Allocation.id) == only)
     released = []
     for alloc in (await session.execute(query)).scalars().all():
         alloc.state, alloc.released_at = "RELEASED", now
-        await session.execute(
-            update(AllocationGpu).where(AllocationGpu.allocation_id == alloc.id).values(live=False)  # type: ignore[arg-type]
-        )
+        await session.execute(update(AllocationGpu).where(col(AllocationGpu.allocation_id) == alloc.id).values(live=False))
         released.append(alloc.id)
     if released:
         await bump_change_feed(session)
@@ -334,7 +327,7 @@ async def record_transition(
             job.pending_reason = None
             await session.execute(
                 update(Allocation)
-                .where(Allocation.id == allocation_id, Allocation.state == "BOUND")  # type: ignore[arg-type]
+                .where(col(Allocation.id) == allocation_id, col(Allocation.state) == "BOUND")
                 .values(state="ACKED", acked_at=now)
             )
         if state is JobState.RUNNING and job.started_at is None:
@@ -348,9 +341,7 @@ async def record_transition(
         return job
 
 
-async def requeue_job(
-    db: Database, *, job_id: str, from_attempt: int, reason: str, now: float | None = None
-) -> Job:
+async def requeue_job(db: Database, *, job_id: str, from_attempt: int, reason: str, now: float | None = None) -> Job:
     """Release the attempt's GPUs and queue the job again as attempt + 1 (idempotent)."""
     now = time.time() if now is None else now
     async with db.transaction() as session:
@@ -395,7 +386,7 @@ async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | N
 
 async def set_latest_checkpoint(db: Database, *, job_id: str, checkpoint: str) -> None:
     async with db.transaction() as session:
-        await session.execute(update(Job).where(Job.id == job_id).values(latest_checkpoint=checkpoint))  # type: ignore[arg-type]
+        await session.execute(update(Job).where(col(Job.id) == job_id).values(latest_checkpoint=checkpoint))
 
 
 # ---------------------------------------------------------------- nodes
@@ -446,16 +437,14 @@ async def register_node(
 
 async def _live_allocations_on(session: AsyncSession, node_id: str) -> list[str]:
     query = (
-        select(AllocationGpu.allocation_id)
-        .where(AllocationGpu.node_id == node_id, AllocationGpu.live == True)  # noqa: E712
+        select(col(AllocationGpu.allocation_id))
+        .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
         .distinct()
     )
     return sorted(r for (r,) in (await session.execute(query)).all())
 
 
-async def node_heartbeat(
-    db: Database, *, node_id: str, boot_id: str, now: float | None = None
-) -> tuple[bool, list[str]]:
+async def node_heartbeat(db: Database, *, node_id: str, boot_id: str, now: float | None = None) -> tuple[bool, list[str]]:
     """Record a heartbeat. Returns (accepted, live allocation ids on the node).
 
     A heartbeat from another boot of the node, or from a node declared lost, is
@@ -475,17 +464,17 @@ async def node_heartbeat(
 
 async def list_nodes(db: Database) -> Sequence[Node]:
     async with db.sessions() as session:
-        return (await session.execute(select(Node).order_by(Node.id))).scalars().all()
+        return (await session.execute(select(Node).order_by(col(Node.id)))).scalars().all()
 
 
 async def list_gpus(db: Database) -> Sequence[Gpu]:
     async with db.sessions() as session:
-        return (await session.execute(select(Gpu).order_by(Gpu.node_id, Gpu.index))).scalars().all()  # type: ignore[arg-type]
+        return (await session.execute(select(Gpu).order_by(col(Gpu.node_id), col(Gpu.index)))).scalars().all()
 
 
 async def live_allocation_gpus(db: Database) -> Sequence[AllocationGpu]:
     async with db.sessions() as session:
-        query = select(AllocationGpu).where(AllocationGpu.live == True)  # noqa: E712
+        query = select(AllocationGpu).where(col(AllocationGpu.live) == True)  # noqa: E712
         return (await session.execute(query)).scalars().all()
 
 
@@ -493,8 +482,8 @@ async def queued_jobs(db: Database) -> Sequence[Job]:
     async with db.sessions() as session:
         query = (
             select(Job)
-            .where(Job.state == JobState.QUEUED.value, Job.workflow_started == True)  # noqa: E712
-            .order_by(Job.queued_at, Job.id)
+            .where(col(Job.state) == JobState.QUEUED.value, col(Job.workflow_started) == True)  # noqa: E712
+            .order_by(col(Job.queued_at), col(Job.id))
         )
         return (await session.execute(query)).scalars().all()
 
@@ -521,9 +510,7 @@ class LeaseLost(Exception):
     """The caller no longer holds the leader lease; nothing was committed."""
 
 
-async def acquire_lease(
-    db: Database, *, name: str, holder: str, ttl_s: float, now: float | None = None
-) -> int | None:
+async def acquire_lease(db: Database, *, name: str, holder: str, ttl_s: float, now: float | None = None) -> int | None:
     """Take or renew the leader lease. Returns the epoch held, or None if another holds it.
 
     The epoch grows each time the lease changes hands, so a stale leader's commits
@@ -581,10 +568,10 @@ async def commit_bindings(
                 async with session.begin_nested():
                     result = await session.execute(
                         update(Job)
-                        .where(Job.id == binding.job_id, Job.state == JobState.QUEUED.value, Job.attempt == binding.attempt)  # type: ignore[arg-type]
+                        .where(col(Job.id) == binding.job_id, col(Job.state) == JobState.QUEUED.value, col(Job.attempt) == binding.attempt)
                         .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
                     )
-                    if result.rowcount != 1:  # type: ignore[attr-defined]
+                    if getattr(result, "rowcount", 0) != 1:
                         raise _SkipBinding
                     session.add(alloc)
                     await session.flush()
@@ -594,7 +581,15 @@ async def commit_bindings(
                     await session.flush()
                     nodes = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in binding.members)
                     session.add(
-                        _event(binding.job_id, binding.attempt, "PLACED", f"placed on {nodes}", f"placed-{binding.attempt}", now, allocation_id=alloc.id)
+                        _event(
+                            binding.job_id,
+                            binding.attempt,
+                            "PLACED",
+                            f"placed on {nodes}",
+                            f"placed-{binding.attempt}",
+                            now,
+                            allocation_id=alloc.id,
+                        )
                     )
                     await session.flush()
                 committed.append(alloc)
@@ -603,7 +598,7 @@ async def commit_bindings(
         for job_id, reason in sorted(pending_reasons.items()):
             await session.execute(
                 update(Job)
-                .where(Job.id == job_id, Job.state == JobState.QUEUED.value, Job.pending_reason != reason)  # type: ignore[arg-type]
+                .where(col(Job.id) == job_id, col(Job.state) == JobState.QUEUED.value, col(Job.pending_reason) != reason)
                 .values(pending_reason=reason)
             )
     return committed
@@ -617,8 +612,8 @@ async def unacked_allocations(db: Database, *, older_than: float) -> Sequence[Al
     """Bindings committed but not acknowledged by their workflow since ``older_than``."""
     async with db.sessions() as session:
         query = select(Allocation).where(
-            Allocation.state == "BOUND",
-            func.coalesce(Allocation.signalled_at, Allocation.created_at) < older_than,
+            col(Allocation.state) == "BOUND",
+            func.coalesce(col(Allocation.signalled_at), col(Allocation.created_at)) < older_than,
         )
         return (await session.execute(query)).scalars().all()
 
@@ -628,6 +623,4 @@ async def mark_signalled(db: Database, allocation_ids: Sequence[str], now: float
         return
     now = time.time() if now is None else now
     async with db.transaction() as session:
-        await session.execute(
-            update(Allocation).where(Allocation.id.in_(allocation_ids)).values(signalled_at=now)  # type: ignore[attr-defined]
-        )
+        await session.execute(update(Allocation).where(col(Allocation.id).in_(allocation_ids)).values(signalled_at=now))

@@ -44,9 +44,7 @@ class NodeAgent:
         self.gpus = gpus
         self.labels = labels
         self.boot_id = uuid.uuid4().hex
-        self.http = httpx.AsyncClient(
-            base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0
-        )
+        self.http = httpx.AsyncClient(base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
         self.launcher = LaunchActivities(node_id=node_id, log_dir=log_dir or settings.log_dir)
         self.registered = False
 

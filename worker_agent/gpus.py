@@ -29,8 +29,7 @@ class SimulatedGpus:
 
     def inventory(self) -> list[GpuInfo]:
         return [
-            GpuInfo(index=i, uuid=f"GPU-sim-{self.node_id}-{i}", name=self.gpu_type, health={"simulated": True})
-            for i in range(self.count)
+            GpuInfo(index=i, uuid=f"GPU-sim-{self.node_id}-{i}", name=self.gpu_type, health={"simulated": True}) for i in range(self.count)
         ]
 
 

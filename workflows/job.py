@@ -9,13 +9,15 @@ this workflow owns the job's lifecycle.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.messages import (
@@ -37,17 +39,21 @@ GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
 JOB_STATE = SearchAttributeKey.for_keyword("JobState")
 
 #: Store activities are short and idempotent: retry them until the store answers.
-STORE_ACTIVITY = dict(
-    start_to_close_timeout=timedelta(seconds=30),
-    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)),
-)
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
+
+
+async def _store(activity: str, arg: object) -> object:
+    return await workflow.execute_activity(activity, arg, start_to_close_timeout=timedelta(seconds=30), retry_policy=STORE_RETRY)
+
+
 MASTER_PORT = 29500
 
 
-def _outcome_of(handle: asyncio.Future[LaunchResult]) -> LaunchResult | BaseException:
+def _record_outcome(results: dict[int, LaunchResult | BaseException], rank: int, handle: asyncio.Future[LaunchResult]) -> None:
     if handle.cancelled():
-        return asyncio.CancelledError()
-    return handle.exception() or handle.result()
+        results[rank] = asyncio.CancelledError()
+    else:
+        results[rank] = handle.exception() or handle.result()
 
 
 @dataclass
@@ -70,6 +76,7 @@ class WorkflowState:
     started_members: set[int] = field(default_factory=set)
     own_failures: int = 0
     infra_failures: int = 0
+    running_recorded: bool = False
 
 
 @workflow.defn(name="TrainingJob")
@@ -125,9 +132,7 @@ class TrainingJobWorkflow:
     async def _lifecycle(self, job: JobInput) -> JobOutcome:
         while True:
             await self._set_state("QUEUED")
-            await workflow.execute_activity(
-                "mark_queued", QueuedInput(job_id=job.job_id, attempt=self.s.attempt), **STORE_ACTIVITY  # type: ignore[arg-type]
-            )
+            await _store("mark_queued", QueuedInput(job_id=job.job_id, attempt=self.s.attempt))
             await self._wait(lambda: self.s.placement is not None or self.s.cancel is not None)
             if self.s.cancel is not None:
                 return await self._finish("CANCELLED", None, self.s.cancel.reason, "cancel")
@@ -150,7 +155,9 @@ class TrainingJobWorkflow:
             # Lost: infrastructure, not the job's fault. Back off, then queue again.
             self.s.infra_failures += 1
             if self.s.infra_failures > job.infra_retry_limit:
-                return await self._finish("FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end")
+                return await self._finish(
+                    "FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
+                )
             await workflow.sleep(job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
             await self._requeue(result.reason)
 
@@ -189,30 +196,32 @@ class TrainingJobWorkflow:
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 result_type=LaunchResult,
             )
-            handle.add_done_callback(lambda h, rank=member.rank: results.__setitem__(rank, _outcome_of(h)))
+            handle.add_done_callback(functools.partial(_record_outcome, results, member.rank))
             handles.append(handle)
 
         def member_failed() -> bool:
             return any(isinstance(r, BaseException) or r.exit_code != 0 for r in results.values())
 
-        running_recorded = False
+        self.s.running_recorded = False
         deadline = workflow.now() + timedelta(seconds=job.max_runtime_s)
         timed_out = False
         while True:
             remaining = (deadline - workflow.now()).total_seconds()
             try:
                 await self._wait(
-                    lambda: len(results) == world
-                    or member_failed()
-                    or self.s.cancel is not None
-                    or (not running_recorded and len(self.s.started_members) == world),
+                    lambda: (
+                        len(results) == world
+                        or member_failed()
+                        or self.s.cancel is not None
+                        or (not self.s.running_recorded and len(self.s.started_members) == world)
+                    ),
                     timeout=max(remaining, 0.001),
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
                 break
-            if not running_recorded and len(self.s.started_members) == world:
-                running_recorded = True
+            if not self.s.running_recorded and len(self.s.started_members) == world:
+                self.s.running_recorded = True
                 await self._transition("RUNNING", f"running-{self.s.attempt}", f"{world} member(s) running", placement.allocation_id)
                 continue
             break
@@ -227,9 +236,8 @@ class TrainingJobWorkflow:
     def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, cancelled: bool) -> GangResult:
         for rank in sorted(results):
             r = results[rank]
-            if isinstance(r, ActivityError):
-                if isinstance(r.cause, TimeoutError) and r.cause.type == TimeoutType.HEARTBEAT:
-                    return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
+            if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError) and r.cause.type == TimeoutType.HEARTBEAT:
+                return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
         codes = {rank: r.exit_code for rank, r in results.items() if isinstance(r, LaunchResult)}
         if timed_out:
             return GangResult("timed_out", None, "max runtime reached")
@@ -263,25 +271,24 @@ class TrainingJobWorkflow:
 
     async def _transition(self, state: str, key: str, message: str, allocation_id: str | None = None) -> None:
         assert self.job is not None
-        await workflow.execute_activity(
+        await _store(
             "record_transition",
-            TransitionInput(job_id=self.job.job_id, attempt=self.s.attempt, state=state, event_key=key, message=message, allocation_id=allocation_id),
-            **STORE_ACTIVITY,  # type: ignore[arg-type]
+            TransitionInput(
+                job_id=self.job.job_id, attempt=self.s.attempt, state=state, event_key=key, message=message, allocation_id=allocation_id
+            ),
         )
         await self._set_state(state)
 
     async def _requeue(self, reason: str) -> None:
         assert self.job is not None
-        await workflow.execute_activity(
-            "requeue", RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason), **STORE_ACTIVITY  # type: ignore[arg-type]
-        )
+        await _store("requeue", RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason))
         self.s.attempt += 1
         self.s.placement = None
         self.s.started_members = set()
 
     async def _finish(self, state: str, exit_code: int | None, reason: str, key: str) -> JobOutcome:
         assert self.job is not None
-        await workflow.execute_activity(
+        await _store(
             "record_transition",
             TransitionInput(
                 job_id=self.job.job_id,
@@ -292,7 +299,6 @@ class TrainingJobWorkflow:
                 exit_code=exit_code,
                 end_reason=reason,
             ),
-            **STORE_ACTIVITY,  # type: ignore[arg-type]
         )
         await self._set_state(state)
         return JobOutcome(state=state, attempt=self.s.attempt, exit_code=exit_code, reason=reason)

@@ -47,9 +47,7 @@ def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
     return Decisions(binds=tuple(binds), pending_reasons=reasons)
 
 
-def _place(
-    job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]
-) -> tuple[tuple[Member, ...] | None, str]:
+def _place(job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]) -> tuple[tuple[Member, ...] | None, str]:
     if not nodes:
         return None, f"no schedulable {job.gpu_type} node"
     biggest = max(n.gpu_count for n in nodes)
@@ -62,9 +60,7 @@ def _place(
     return _place_multi_node(job, nodes, free)
 
 
-def _place_multi_node(
-    job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]
-) -> tuple[tuple[Member, ...] | None, str]:
+def _place_multi_node(job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]) -> tuple[tuple[Member, ...] | None, str]:
     whole = [n for n in nodes if len(free[n.id]) == n.gpu_count and job.gpu_count % n.gpu_count == 0]
     level = job.topology_level
     groups: dict[str, list[NodeView]] = {}
@@ -81,9 +77,7 @@ def _place_multi_node(
             chosen.append(node)
             remaining -= node.gpu_count
         if remaining == 0:
-            members = tuple(
-                Member(node_id=n.id, gpu_indices=tuple(sorted(free[n.id])), rank=rank) for rank, n in enumerate(chosen)
-            )
+            members = tuple(Member(node_id=n.id, gpu_indices=tuple(sorted(free[n.id])), rank=rank) for rank, n in enumerate(chosen))
             return members, ""
     where = "" if level == "any" else f" in one {level}"
     return None, f"not enough whole free {job.gpu_type} nodes{where} for {job.gpu_count} GPUs"
