@@ -1,0 +1,137 @@
+"""Shared fixtures: a fresh store on each backend (SQLite, and PostgreSQL when it answers).
+
+PostgreSQL comes from DATABASE_URL (or 127.0.0.1:5432/test). Each test gets a database
+of its own, created from that one. Where PostgreSQL is down, its tests are skipped,
+unless FAIRGANG_REQUIRE_POSTGRES is set (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from fairgang.cluster import ClusterConfig
+from store import repo
+from store.db import Database, migrate
+
+PG_URL = os.environ.get("DATABASE_URL") or "postgresql://root@127.0.0.1:5432/test"
+if not PG_URL.startswith("postgres"):
+    PG_URL = "postgresql://root@127.0.0.1:5432/test"
+PG_DSN = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
+
+
+def _pg_available() -> str | None:
+    async def probe() -> None:
+        conn = await asyncpg.connect(PG_DSN, timeout=3)
+        await conn.close()
+
+    try:
+        asyncio.run(probe())
+        return None
+    except Exception as err:  # noqa: BLE001 - any failure means "not here"
+        return f"PostgreSQL at {PG_DSN} is not reachable: {err}"
+
+
+_PG_PROBLEM = _pg_available()
+
+
+async def create_pg_database() -> str:
+    """A fresh, empty PostgreSQL database; returns its URL."""
+    name = f"fg_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    base = PG_DSN.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+async def drop_pg_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgres" and _PG_PROBLEM:
+        if os.environ.get("FAIRGANG_REQUIRE_POSTGRES"):
+            pytest.fail(_PG_PROBLEM)
+        pytest.skip(_PG_PROBLEM)
+    return str(request.param)
+
+
+@pytest.fixture
+async def db_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A migrated, empty store on the backend under test."""
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'fairgang.db'}"
+        await migrate(url)
+        yield url
+        return
+    url = await create_pg_database()
+    try:
+        await migrate(url)
+        yield url
+    finally:
+        await drop_pg_database(url)
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = Database(db_url)
+    yield database
+    await database.dispose()
+
+
+def small_cluster() -> ClusterConfig:
+    """Two tenants, an admin, two 8-GPU H100 nodes on one leaf and a 4-GPU L40S node."""
+    return ClusterConfig.model_validate(
+        {
+            "admin_tokens": ["admin-token"],
+            "node_token": "node-token",
+            "tenants": [
+                {
+                    "name": "alpha",
+                    "tokens": ["alpha-token"],
+                    "quotas": {"H100-80GB": {"nominal": 8}, "L40S": {"nominal": 4}},
+                    "max_gpus_per_job": 16,
+                    "max_runtime": "24h",
+                    "checkpoint_prefix": "/ckpt/alpha",
+                },
+                {
+                    "name": "beta",
+                    "tokens": ["beta-token"],
+                    "quotas": {"H100-80GB": {"nominal": 8}},
+                    "max_gpus_per_job": 8,
+                    "max_runtime": "2h",
+                },
+            ],
+            "nodes": [
+                {"id": "h1", "gpu_type": "H100-80GB", "gpus": 8, "labels": {"leaf": "l1", "spine": "s1"}},
+                {"id": "h2", "gpu_type": "H100-80GB", "gpus": 8, "labels": {"leaf": "l1", "spine": "s1"}},
+                {"id": "g1", "gpu_type": "L40S", "gpus": 4, "labels": {"leaf": "l2", "spine": "s1"}},
+            ],
+        }
+    )
+
+
+@pytest.fixture
+async def seeded(db: Database) -> Database:
+    await repo.seed_cluster(db, small_cluster())
+    return db
+
+
+@pytest.fixture
+def anyio_backend() -> Iterator[str]:
+    yield "asyncio"

@@ -1,0 +1,179 @@
+"""The store on both backends: schema, invariants and idempotent transitions."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import SQLModel
+
+from fairgang.spec import JobState
+from store import repo
+from store.db import Database, migrate
+from store.models import Allocation, AllocationGpu, ApiToken, Job, JobEvent
+from tests.builders import job_spec
+
+
+async def _bind(db: Database, job_id: str, members: list[dict], epoch: int) -> list[Allocation]:
+    return await repo.commit_bindings(
+        db,
+        bindings=[repo.BindingRow(job_id=job_id, attempt=1, members=members)],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
+    )
+
+
+async def _queued_job(db: Database, name: str, tenant: str = "alpha") -> Job:
+    job, created = await repo.create_job(db, spec=job_spec(name=name), tenant=tenant)
+    assert created
+    await repo.mark_queued(db, job_id=job.id, attempt=1)
+    return job
+
+
+async def test_migrations_match_the_models(db: Database, db_url: str) -> None:
+    await migrate(db_url)  # a second run is a no-op
+    async with db.engine.connect() as conn:
+        diff = await conn.run_sync(lambda sync: compare_metadata(MigrationContext.configure(sync), SQLModel.metadata))
+    assert diff == []
+
+
+async def test_tokens_are_stored_hashed_and_map_to_their_principal(seeded: Database) -> None:
+    async with seeded.sessions() as session:
+        hashes = (await session.execute(select(ApiToken.token_hash))).scalars().all()
+    assert "alpha-token" not in hashes
+    assert repo.hash_token("alpha-token") in hashes
+    assert await repo.authenticate(seeded, "alpha-token") == repo.Principal(role="tenant", tenant="alpha")
+    assert await repo.authenticate(seeded, "admin-token") == repo.Principal(role="admin")
+    assert await repo.authenticate(seeded, "nope") is None
+
+
+async def test_seeding_twice_changes_nothing(seeded: Database) -> None:
+    from tests.conftest import small_cluster
+
+    await repo.seed_cluster(seeded, small_cluster())
+    assert len(await repo.list_nodes(seeded)) == 3
+    assert len(await repo.list_gpus(seeded)) == 20
+
+
+async def test_same_idempotency_key_yields_one_job(seeded: Database) -> None:
+    first, created = await repo.create_job(seeded, spec=job_spec(idempotency_key="k1"), tenant="alpha")
+    again, created_again = await repo.create_job(seeded, spec=job_spec(idempotency_key="k1", name="other"), tenant="alpha")
+    assert created and not created_again
+    assert again.id == first.id
+    other_tenant, created_other = await repo.create_job(seeded, spec=job_spec(idempotency_key="k1"), tenant="beta")
+    assert created_other and other_tenant.id != first.id
+    assert len(await repo.list_jobs(seeded, tenant="alpha")) == 1
+
+
+async def test_concurrent_job_cap_refuses_with_reason(seeded: Database) -> None:
+    await repo.create_job(seeded, spec=job_spec(name="a"), tenant="alpha", max_concurrent_jobs=1)
+    with pytest.raises(repo.AdmissionRefused, match="1 unfinished jobs"):
+        await repo.create_job(seeded, spec=job_spec(name="b"), tenant="alpha", max_concurrent_jobs=1)
+    assert len(await repo.list_jobs(seeded)) == 1
+
+
+async def test_store_refuses_a_second_live_allocation_of_the_same_gpu(seeded: Database) -> None:
+    a = await _queued_job(seeded, "a")
+    b = await _queued_job(seeded, "b")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    assert len(await _bind(seeded, a.id, [{"node_id": "h1", "gpu_indices": [0, 1], "rank": 0}], epoch)) == 1
+    # Through the repository: the conflicting binding is skipped, not committed.
+    assert await _bind(seeded, b.id, [{"node_id": "h1", "gpu_indices": [1, 2], "rank": 0}], epoch) == []
+    assert (await repo.get_job(seeded, b.id)).state == "QUEUED"  # type: ignore[union-attr]
+    # Straight at the table: the partial unique index itself refuses it.
+    async with seeded.sessions() as session:
+        session.add(Allocation(id="a-raw", job_id=b.id, attempt=1, members=[], created_at=0.0))
+        await session.flush()
+        session.add(AllocationGpu(allocation_id="a-raw", node_id="h1", gpu_index=0))
+        with pytest.raises(IntegrityError):
+            await session.flush()
+        await session.rollback()
+
+
+async def test_released_gpus_can_be_allocated_again(seeded: Database) -> None:
+    a = await _queued_job(seeded, "a")
+    b = await _queued_job(seeded, "b")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    [alloc] = await _bind(seeded, a.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)
+    await repo.record_transition(seeded, job_id=a.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
+    assert await repo.live_allocation_gpus(seeded) == []
+    assert len(await _bind(seeded, b.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)) == 1
+    assert (await repo.job_allocations(seeded, a.id))[0].state == "RELEASED"
+    assert alloc.id != (await repo.job_allocations(seeded, b.id))[0].id
+
+
+async def test_stale_leader_cannot_commit(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    old = await repo.acquire_lease(seeded, name="placement", holder="old", ttl_s=5, now=1000.0)
+    assert old == 1
+    assert await repo.acquire_lease(seeded, name="placement", holder="new", ttl_s=5, now=1001.0) is None
+    new = await repo.acquire_lease(seeded, name="placement", holder="new", ttl_s=5, now=1010.0)
+    assert new == 2
+    with pytest.raises(repo.LeaseLost):
+        await repo.commit_bindings(
+            seeded,
+            bindings=[repo.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": "h1", "gpu_indices": [0], "rank": 0}])],
+            pending_reasons={},
+            lease_name="placement",
+            epoch=old,
+            now=1011.0,
+        )
+    assert await repo.live_allocation_gpus(seeded) == []
+
+
+async def test_transitions_are_idempotent_and_terminal_states_stick(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    for _ in range(2):
+        await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.RUNNING, event_key="running-1")
+    done = await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.FAILED, event_key="end-1", exit_code=3)
+    assert done.state == "FAILED" and done.exit_code == 3
+    late = await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.RUNNING, event_key="running-again")
+    assert late.state == "FAILED"
+    kinds = [e.kind for e in await repo.job_events(seeded, job.id)]
+    assert kinds == ["SUBMITTED", "RUNNING", "FAILED"]
+
+
+async def test_requeue_moves_to_next_attempt_once(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    await _bind(seeded, job.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)
+    for _ in range(2):
+        again = await repo.requeue_job(seeded, job_id=job.id, from_attempt=1, reason="node lost")
+    assert again.attempt == 2 and again.state == "QUEUED"
+    assert await repo.live_allocation_gpus(seeded) == []
+    async with seeded.sessions() as session:
+        requeues = (await session.execute(select(JobEvent).where(JobEvent.kind == "REQUEUED"))).scalars().all()
+    assert len(requeues) == 1
+
+
+async def test_binding_a_cancelled_job_is_skipped(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.CANCELLED, event_key="cancel-1")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    assert await _bind(seeded, job.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch) == []
+    assert await repo.live_allocation_gpus(seeded) == []
+
+
+async def test_heartbeat_from_old_boot_is_refused(seeded: Database) -> None:
+    await repo.register_node(seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="boot-1", gpus=[])
+    assert (await repo.node_heartbeat(seeded, node_id="h1", boot_id="boot-1"))[0]
+    await repo.register_node(seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="boot-2", gpus=[])
+    assert not (await repo.node_heartbeat(seeded, node_id="h1", boot_id="boot-1"))[0]
+    assert (await repo.node_heartbeat(seeded, node_id="h1", boot_id="boot-2"))[0]
+
+
+async def test_change_feed_moves_when_queue_or_capacity_changes(seeded: Database) -> None:
+    before = await repo.change_version(seeded)
+    job = await _queued_job(seeded, "a")
+    after_queue = await repo.change_version(seeded)
+    assert after_queue > before
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.CANCELLED, event_key="cancel-1")
+    async with seeded.sessions() as session:
+        assert (await session.execute(text("SELECT version FROM change_feed"))).scalar_one() == after_queue
