@@ -1,0 +1,134 @@
+"""The API in-process over a real store (both backends), Temporal unreachable.
+
+With Temporal down the API still admits and stores jobs (the placement service's
+reconciler starts their workflows later), so these tests cover the API's own rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.deps import AppState
+from fairgang.settings import Settings
+from store import repo
+from store.db import Database
+from tests.builders import spec_dict
+
+
+@pytest.fixture
+async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
+    app = create_app(settings)
+    app.state.fairgang = AppState(settings=settings, db=seeded)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        yield client
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+ALPHA, BETA, ADMIN, NODE = auth("alpha-token"), auth("beta-token"), auth("admin-token"), auth("node-token")
+
+
+async def test_openapi_and_health(api: httpx.AsyncClient) -> None:
+    paths = (await api.get("/openapi.json")).json()["paths"]
+    for path in ["/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/cancel", "/v1/fleet", "/v1/queue"]:
+        assert path in paths
+    health = (await api.get("/healthz")).json()
+    assert health["store"] == "ok" and health["temporal"] == "unreachable"
+
+
+async def test_unknown_or_missing_token_is_refused(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/v1/jobs", headers=auth("forged"))).status_code == 401
+    assert (await api.get("/v1/jobs")).status_code == 401
+    assert (await api.post("/v1/jobs", json=spec_dict(), headers=auth("forged"))).status_code == 401
+
+
+async def test_submit_stores_a_queued_job_and_repeats_are_idempotent(api: httpx.AsyncClient, seeded: Database) -> None:
+    first = await api.post("/v1/jobs", json=spec_dict(idempotency_key="abc"), headers=ALPHA)
+    assert first.status_code == 201, first.text
+    job = first.json()["job"]
+    assert job["state"] == "QUEUED" and job["tenant"] == "alpha" and first.json()["created"]
+    again = await api.post("/v1/jobs", json=spec_dict(idempotency_key="abc"), headers=ALPHA)
+    assert again.status_code == 200 and again.json()["job"]["id"] == job["id"] and not again.json()["created"]
+    by_name = await api.post("/v1/jobs", json=spec_dict(name="by-name"), headers=ALPHA)
+    by_name_again = await api.post("/v1/jobs", json=spec_dict(name="by-name"), headers=ALPHA)
+    assert by_name.json()["job"]["id"] == by_name_again.json()["job"]["id"]
+    assert len(await repo.list_jobs(seeded)) == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"gpu_type": "TPU"}, "gpu_type"),
+        ({"gpu_count": 12}, "gpu_count"),
+        ({"max_runtime": "48h"}, "max_runtime"),
+        ({"checkpoint_dir": "/elsewhere/x"}, "checkpoint_dir"),
+        ({"entrypoint": "python train.py"}, "entrypoint"),
+        ({"surprise": 1}, "surprise"),
+        ({"tenant": "ghost"}, "tenant"),
+    ],
+)
+async def test_invalid_spec_is_refused_with_its_field_and_nothing_is_stored(
+    api: httpx.AsyncClient, seeded: Database, overrides: dict, field: str
+) -> None:
+    resp = await api.post("/v1/jobs", json=spec_dict(**overrides), headers=ADMIN if "tenant" in overrides else ALPHA)
+    assert resp.status_code in (403, 422), resp.text
+    problems = resp.json()["detail"]["problems"]
+    assert field in [p["field"] for p in problems], problems
+    assert await repo.list_jobs(seeded) == []
+
+
+async def test_tenant_cannot_submit_for_another_tenant(api: httpx.AsyncClient, seeded: Database) -> None:
+    resp = await api.post("/v1/jobs", json=spec_dict(tenant="beta"), headers=ALPHA)
+    assert resp.status_code == 403
+    assert resp.json()["detail"]["problems"][0]["field"] == "tenant"
+    assert await repo.list_jobs(seeded) == []
+
+
+async def test_tenant_sees_and_acts_on_its_own_jobs_only(api: httpx.AsyncClient) -> None:
+    mine = (await api.post("/v1/jobs", json=spec_dict(name="mine"), headers=BETA)).json()["job"]
+    assert (await api.get(f"/v1/jobs/{mine['id']}", headers=ALPHA)).status_code == 404
+    assert (await api.get(f"/v1/jobs/{mine['id']}/logs", headers=ALPHA)).status_code == 404
+    assert (await api.post(f"/v1/jobs/{mine['id']}/cancel", headers=ALPHA)).status_code == 404
+    assert (await api.get("/v1/jobs", headers=ALPHA)).json() == []
+    assert (await api.get("/v1/jobs", params={"tenant": "beta"}, headers=ALPHA)).status_code == 403
+    assert [j["id"] for j in (await api.get("/v1/jobs", headers=BETA)).json()] == [mine["id"]]
+    assert [j["id"] for j in (await api.get("/v1/jobs", params={"tenant": "beta"}, headers=ADMIN)).json()] == [mine["id"]]
+    assert (await api.get(f"/v1/jobs/{mine['id']}", headers=BETA)).json()["state"] == "QUEUED"
+    assert (await api.get("/v1/queue", headers=ALPHA)).json() == []
+
+
+async def test_nodes_cannot_use_tenant_endpoints_and_tenants_cannot_heartbeat(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/v1/jobs", headers=NODE)).status_code == 403
+    body = {"node_id": "h1", "gpu_type": "H100-80GB", "gpu_count": 8, "boot_id": "b1"}
+    assert (await api.post("/v1/nodes/register", json=body, headers=ALPHA)).status_code == 403
+    assert (await api.post("/v1/nodes/register", json=body, headers=NODE)).json()["accepted"]
+
+
+async def test_cancel_of_a_job_whose_workflow_never_started_ends_it(api: httpx.AsyncClient, seeded: Database) -> None:
+    job = (await api.post("/v1/jobs", json=spec_dict(), headers=ALPHA)).json()["job"]
+    await api.post(f"/v1/jobs/{job['id']}/cancel", headers=ALPHA)
+    detail = (await api.get(f"/v1/jobs/{job['id']}", headers=ALPHA)).json()
+    assert detail["state"] == "CANCELLED"
+    assert [e["kind"] for e in detail["events"]] == ["SUBMITTED", "CANCELLED"]
+
+
+async def test_list_filters_by_state_and_rejects_unknown_states(api: httpx.AsyncClient) -> None:
+    await api.post("/v1/jobs", json=spec_dict(name="a"), headers=ALPHA)
+    assert len((await api.get("/v1/jobs", params={"state": "QUEUED"}, headers=ALPHA)).json()) == 1
+    assert (await api.get("/v1/jobs", params={"state": "RUNNING"}, headers=ALPHA)).json() == []
+    assert (await api.get("/v1/jobs", params={"state": "NAPPING"}, headers=ALPHA)).status_code == 422
+
+
+async def test_fleet_lists_nodes_and_gpu_totals(api: httpx.AsyncClient) -> None:
+    fleet = (await api.get("/v1/fleet", headers=ALPHA)).json()
+    assert fleet["gpu_types"]["H100-80GB"]["total"] == 16
+    assert {n["id"] for n in fleet["nodes"]} == {"h1", "h2", "g1"}
+    assert not any(n["schedulable"] for n in fleet["nodes"])  # no agent has registered
