@@ -94,6 +94,30 @@ def migrate() -> None:
     console.print("store migrated")
 
 
+@app.command()
+def seed(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> None:
+    """Load tenants, quotas, tokens (stored hashed) and nodes from a cluster config; safe to repeat."""
+    from store import repo
+    from store.db import Database, migrate
+
+    try:
+        cluster = load_cluster_config(config)
+    except SpecError as err:
+        _fail(f"{config}: {err}")
+
+    async def run() -> None:
+        url = Settings().database_url
+        await migrate(url)
+        db = Database(url)
+        try:
+            await repo.seed_cluster(db, cluster)
+        finally:
+            await db.dispose()
+
+    asyncio.run(run())
+    console.print(f"store seeded: {len(cluster.tenants)} tenants, {len(cluster.nodes)} nodes")
+
+
 def _run_until_signal(coro: Any) -> None:
     async def main() -> None:
         task = asyncio.ensure_future(coro)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fairgang.spec import Seconds, SpecError, problems_from_validation
+from fairgang.spec import Seconds, SpecError, SpecProblem, problems_from_validation
 
 
 class QuotaConfig(BaseModel):
@@ -91,7 +91,7 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise SpecError([]) from err
+        raise SpecError([SpecProblem(field="(file)", reason=str(err))]) from None
     try:
         return ClusterConfig.model_validate(data or {})
     except ValidationError as err:

@@ -86,7 +86,9 @@ def test_repeated_submit_yields_one_job_and_one_workflow(platform: Platform) -> 
 
     assert asyncio.run(count(f"WorkflowId = '{first['id']}'")) == 1
     # The search attributes make the Temporal UI a job browser.
-    assert asyncio.run(count(f"WorkflowId = '{first['id']}' AND Tenant = 'alpha' AND GpuType = 'H100-80GB' AND JobState = 'SUCCEEDED'")) == 1
+    assert (
+        asyncio.run(count(f"WorkflowId = '{first['id']}' AND Tenant = 'alpha' AND GpuType = 'H100-80GB' AND JobState = 'SUCCEEDED'")) == 1
+    )
 
 
 def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform) -> None:

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from scheduler.core import NodeView, PendingJob, Snapshot, run_cycle
 
 CORE = Path(__file__).resolve().parents[2] / "scheduler" / "core"
-FORBIDDEN = {"temporalio", "sqlmodel", "sqlalchemy", "fastapi", "pynvml", "prometheus_client", "asyncpg", "httpx", "asyncio", "store", "api",
-             "workflows", "activities", "worker_agent", "time", "random", "uuid"}  # fmt: skip
+FORBIDDEN = {
+    *("temporalio", "sqlmodel", "sqlalchemy", "fastapi", "pynvml", "prometheus_client", "asyncpg", "httpx", "asyncio"),
+    *("store", "api", "workflows", "activities", "worker_agent", "time", "random", "uuid"),
+}
 
 
 def node(node_id: str, gpus: int = 8, free: set[int] | None = None, leaf: str = "l1", gpu_type: str = "H100", **kw: object) -> NodeView:
@@ -21,7 +23,9 @@ def node(node_id: str, gpus: int = 8, free: set[int] | None = None, leaf: str = 
 
 
 def job(job_id: str, count: int, *, priority: int = 100, queued_at: float = 0.0, level: str = "any", gpu_type: str = "H100") -> PendingJob:
-    return PendingJob(id=job_id, tenant="t", attempt=1, gpu_type=gpu_type, gpu_count=count, priority=priority, queued_at=queued_at, topology_level=level)
+    return PendingJob(
+        id=job_id, tenant="t", attempt=1, gpu_type=gpu_type, gpu_count=count, priority=priority, queued_at=queued_at, topology_level=level
+    )
 
 
 def test_core_imports_no_io_framework() -> None:
@@ -48,8 +52,8 @@ def test_gang_takes_whole_nodes_in_one_leaf_or_waits() -> None:
     decisions = run_cycle(Snapshot(nodes=nodes, pending=(job("big", 16, level="leaf"),)), 0.0)
     assert decisions.binds == ()
     assert "in one leaf" in decisions.pending_reasons["big"]
-    nodes = (*nodes, node("d", leaf="l1"))
-    [bind] = run_cycle(Snapshot(nodes=nodes, pending=(job("big", 16, level="leaf"),)), 0.0).binds
+    more = (*nodes, node("d", leaf="l1"))
+    [bind] = run_cycle(Snapshot(nodes=more, pending=(job("big", 16, level="leaf"),)), 0.0).binds
     assert [(m.node_id, m.rank, len(m.gpu_indices)) for m in bind.members] == [("a", 0, 8), ("d", 1, 8)]
 
 
@@ -60,7 +64,10 @@ def test_unschedulable_nodes_and_other_gpu_types_are_never_used() -> None:
 
 
 def test_higher_priority_then_older_goes_first() -> None:
-    snap = Snapshot(nodes=(node("a", gpus=4),), pending=(job("old", 4, queued_at=1), job("new-high", 4, priority=200, queued_at=5), job("older", 4, queued_at=0)))
+    snap = Snapshot(
+        nodes=(node("a", gpus=4),),
+        pending=(job("old", 4, queued_at=1), job("new-high", 4, priority=200, queued_at=5), job("older", 4, queued_at=0)),
+    )
     decisions = run_cycle(snap, 0.0)
     assert [b.job_id for b in decisions.binds] == ["new-high"]
     assert set(decisions.pending_reasons) == {"old", "older"}

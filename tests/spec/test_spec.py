@@ -49,7 +49,9 @@ def test_bad_spec_names_the_field(overrides: dict, field: str, reason: str) -> N
 
 
 def test_spec_reads_yaml_and_json_alike() -> None:
-    yaml_text = "name: t\nentrypoint: [python3, train.py]\ngpu_type: H100-80GB\ngpu_count: 8\nmax_runtime: 2h\ncheckpoint_dir: /ckpt/alpha/t\n"
+    yaml_text = (
+        "name: t\nentrypoint: [python3, train.py]\ngpu_type: H100-80GB\ngpu_count: 8\nmax_runtime: 2h\ncheckpoint_dir: /ckpt/alpha/t\n"
+    )
     from_yaml = load_spec_text(yaml_text)
     from_json = load_spec_text(from_yaml.model_dump_json())
     assert from_yaml == from_json

@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, col
 
 from fairgang.spec import JobState
 from store import repo
@@ -42,7 +42,7 @@ async def test_migrations_match_the_models(db: Database, db_url: str) -> None:
 
 async def test_tokens_are_stored_hashed_and_map_to_their_principal(seeded: Database) -> None:
     async with seeded.sessions() as session:
-        hashes = (await session.execute(select(ApiToken.token_hash))).scalars().all()
+        hashes = (await session.execute(select(col(ApiToken.token_hash)))).scalars().all()
     assert "alpha-token" not in hashes
     assert repo.hash_token("alpha-token") in hashes
     assert await repo.authenticate(seeded, "alpha-token") == repo.Principal(role="tenant", tenant="alpha")
@@ -148,7 +148,7 @@ async def test_requeue_moves_to_next_attempt_once(seeded: Database) -> None:
     assert again.attempt == 2 and again.state == "QUEUED"
     assert await repo.live_allocation_gpus(seeded) == []
     async with seeded.sessions() as session:
-        requeues = (await session.execute(select(JobEvent).where(JobEvent.kind == "REQUEUED"))).scalars().all()
+        requeues = (await session.execute(select(JobEvent).where(col(JobEvent.kind) == "REQUEUED"))).scalars().all()
     assert len(requeues) == 1
 
 
