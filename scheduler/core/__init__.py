@@ -5,6 +5,35 @@ placement service, in tests and in the simulator.
 """
 
 from scheduler.core.cycle import run_cycle
-from scheduler.core.types import Bind, Decisions, Member, NodeView, PendingJob, Snapshot
+from scheduler.core.types import (
+    Bind,
+    Decisions,
+    Fragmentation,
+    Member,
+    NodeView,
+    PendingJob,
+    Preempt,
+    Quota,
+    Reservation,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    TenantView,
+)
 
-__all__ = ["Bind", "Decisions", "Member", "NodeView", "PendingJob", "Snapshot", "run_cycle"]
+__all__ = [
+    "Bind",
+    "Decisions",
+    "Fragmentation",
+    "Member",
+    "NodeView",
+    "PendingJob",
+    "Preempt",
+    "Quota",
+    "Reservation",
+    "RunningJob",
+    "SchedulerConfig",
+    "Snapshot",
+    "TenantView",
+    "run_cycle",
+]

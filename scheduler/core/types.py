@@ -1,4 +1,8 @@
-"""Frozen dataclasses at the boundary of the scheduling core."""
+"""Frozen dataclasses at the boundary of the scheduling core.
+
+Fields may be added (with defaults); none is renamed or removed, because the placement
+service, the simulator and the tests all build these.
+"""
 
 from __future__ import annotations
 
@@ -39,19 +43,41 @@ class PendingJob:
     gpu_type: str
     gpu_count: int
     priority: int
+    #: When this attempt entered the queue.
     queued_at: float
     #: Topology level the gang must (or should) stay within; "any" for none.
     topology_level: str = "any"
     topology_required: bool = True
+    #: The spec's limit; the job is stopped when it elapses.
+    max_runtime_s: float = 3600.0
+    #: A better guess of the run time when one is known (history, or an oracle in the simulator).
+    expected_runtime_s: float | None = None
+    preemptible: bool = True
+    #: When the job was first submitted (aging counts from here, across attempts).
+    submitted_at: float | None = None
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Everything one cycle decides on; the core never looks anywhere else."""
+class Quota:
+    """A tenant's share of one GPU type (SPEC R4.1)."""
 
-    nodes: tuple[NodeView, ...]
-    pending: tuple[PendingJob, ...]
-    topology_levels: tuple[str, ...] = ("node", "leaf", "spine")
+    #: Guaranteed GPUs.
+    nominal: int = 0
+    #: Most GPUs it may use beyond nominal, borrowed from its cohort; None: no limit.
+    borrow_limit: int | None = None
+    #: Most of its idle nominal GPUs others may borrow; None: all of them.
+    lend_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class TenantView:
+    name: str
+    weight: float = 1.0
+    cohort: str | None = None
+    #: Per GPU type, sorted by type.
+    quotas: tuple[tuple[str, Quota], ...] = ()
+    #: Past usage in GPU-seconds per GPU type, already decayed to snapshot time.
+    decayed_usage: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +90,54 @@ class Member:
 
 
 @dataclass(frozen=True)
+class RunningJob:
+    """A job holding GPUs now (bound or running)."""
+
+    id: str
+    tenant: str
+    attempt: int
+    gpu_type: str
+    gpu_count: int
+    priority: int
+    members: tuple[Member, ...]
+    #: When this attempt started (or was bound, if it has not started yet).
+    started_at: float
+    #: When it is expected to end at the latest: start + max runtime (or a better estimate).
+    expected_end: float
+    #: When its latest checkpoint was written; None: never (all work since start is at risk).
+    last_checkpoint_at: float | None = None
+    preemptible: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Policy knobs, from the service's settings (or the simulator's)."""
+
+    #: Past usage loses half its weight in this time (fair share forgives).
+    usage_half_life_s: float = 24 * 3600.0
+    #: A waiting job gains this much priority per hour waited.
+    aging_per_hour: float = 10.0
+    #: After this long waiting a job may preempt to start.
+    max_wait_s: float = 6 * 3600.0
+    #: A job is not preempted before it has run this long since it last started.
+    min_runtime_before_preempt_s: float = 600.0
+    #: EASY backfill behind the head job's reservation.
+    backfill: bool = True
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one cycle decides on; the core never looks anywhere else."""
+
+    nodes: tuple[NodeView, ...]
+    pending: tuple[PendingJob, ...]
+    topology_levels: tuple[str, ...] = ("node", "leaf", "spine")
+    tenants: tuple[TenantView, ...] = ()
+    running: tuple[RunningJob, ...] = ()
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass(frozen=True)
 class Bind:
     """Bind a job's attempt to concrete GPUs (the whole gang)."""
 
@@ -73,8 +147,41 @@ class Bind:
 
 
 @dataclass(frozen=True)
+class Preempt:
+    """Stop a running job gracefully (checkpoint, then requeue) to make room."""
+
+    job_id: str
+    attempt: int
+    #: Who the GPUs go to.
+    for_job: str
+    #: "priority", "reclaim" or "max_wait".
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """GPUs held for a job that cannot start yet; nobody else may take them (EASY backfill)."""
+
+    job_id: str
+    node_ids: tuple[str, ...]
+    #: When the reserved nodes are expected to be free (the shadow time).
+    start_at: float
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """Free GPUs stranded in partly used nodes, and the largest gang placeable now, per GPU type."""
+
+    stranded_gpus: tuple[tuple[str, int], ...] = ()
+    largest_placeable: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Decisions:
     """What a cycle decided: bindings in commit order, and why the others wait."""
 
     binds: tuple[Bind, ...] = ()
     pending_reasons: dict[str, str] = field(default_factory=dict)
+    preemptions: tuple[Preempt, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    fragmentation: Fragmentation | None = None
