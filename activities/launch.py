@@ -1,25 +1,39 @@
 """The launch activity: run one gang member's process on this node (SPEC R5.1).
 
 It runs as an async activity on the node's task queue. The process gets its own
-process group; on cancellation the whole group gets SIGTERM, the activity keeps
-heartbeating through the grace period, then SIGKILLs what is left, so the workflow
-(which waits for cancellation to complete) releases the GPUs only after the
-processes are gone.
+process group; on cancellation (preempt, cancel, max runtime, a failed gang member)
+the whole group gets SIGTERM, the activity keeps heartbeating through the grace period,
+then SIGKILLs what is left. The workflow waits for that cancellation to complete, so the
+GPUs are released only after the processes are gone.
+
+Checkpoints: the job writes the path of its newest checkpoint into ``CHECKPOINT_DIR/LATEST``
+(see :func:`read_latest_marker`); rank 0's activity watches that marker and reports each
+change to the workflow, which records it and hands it to the next attempt as
+``RESUME_FROM``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import json
+import logging
 import os
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from workflows.messages import LaunchInput, LaunchResult, MemberStarted
+from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted
 
 HEARTBEAT_EVERY_S = 1.0
+PR_SET_PDEATHSIG = 1
+LATEST_MARKER = "LATEST"
+log = logging.getLogger("fairgang.launch")
 
 
 def log_path(log_dir: Path, job_id: str, attempt: int, rank: int) -> Path:
@@ -27,15 +41,36 @@ def log_path(log_dir: Path, job_id: str, attempt: int, rank: int) -> Path:
     return log_dir / job_id / f"attempt-{attempt}-rank-{rank}.log"
 
 
-def job_environment(inp: LaunchInput, base: dict[str, str] | None = None) -> dict[str, str]:
+def host_checkpoint_dir(checkpoint_root: Path | None, checkpoint_dir: str) -> Path:
+    """Where the spec's checkpoint path lives on this node (under the node's storage root)."""
+    if checkpoint_root is None:
+        return Path(checkpoint_dir)
+    return checkpoint_root / checkpoint_dir.lstrip("/")
+
+
+def read_latest_marker(checkpoint_dir: Path) -> str:
+    """The job's newest checkpoint: the first line of ``LATEST`` (relative paths are taken from the dir)."""
+    try:
+        text = (checkpoint_dir / LATEST_MARKER).read_text().strip().splitlines()
+    except OSError:
+        return ""
+    if not text or not text[0].strip():
+        return ""
+    path = Path(text[0].strip())
+    return str(path if path.is_absolute() else checkpoint_dir / path)
+
+
+def job_environment(inp: LaunchInput, checkpoint_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The process environment: the host's, then the spec's, then the platform's."""
     env = dict(os.environ if base is None else base)
+    for key in [k for k in env if k.startswith("FAIRGANG_") or k == "DATABASE_URL"]:
+        del env[key]  # the platform's own settings and secrets are not the job's business
     env.update(inp.env)
     env.update(
         {
             "FAIRGANG_JOB_ID": inp.job_id,
             "FAIRGANG_ATTEMPT": str(inp.attempt),
-            "CHECKPOINT_DIR": inp.checkpoint_dir,
+            "CHECKPOINT_DIR": str(checkpoint_dir),
             "RESUME_FROM": inp.resume_from,
             "WORLD_SIZE": str(inp.world_size * inp.gpus_per_member),
             "RANK": str(inp.rank),
@@ -49,69 +84,212 @@ def job_environment(inp: LaunchInput, base: dict[str, str] | None = None) -> dic
     return env
 
 
+@dataclass
+class RunningMember:
+    """A member process this agent started."""
+
+    allocation_id: str
+    job_id: str
+    attempt: int
+    rank: int
+    pid: int
+    grace_period_s: float
+    proc: asyncio.subprocess.Process | None = None
+
+
 class LaunchActivities:
     """Runs members as local processes (the process runtime)."""
 
-    def __init__(self, *, node_id: str, log_dir: Path, running: dict[str, asyncio.subprocess.Process] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        log_dir: Path,
+        checkpoint_root: Path | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
         self.node_id = node_id
         self.log_dir = log_dir
-        #: allocation id -> process, for the agent's fencing and status reports.
-        self.running: dict[str, asyncio.subprocess.Process] = {} if running is None else running
+        self.checkpoint_root = checkpoint_root
+        #: One JSON file per running member, so that a restarted agent finds what it left behind.
+        self.state_dir = state_dir
+        #: allocation id -> member, for fencing and status reports.
+        self.running: dict[str, RunningMember] = {}
+        #: Allocations whose processes the agent killed on its own (fencing); their end is not the job's.
+        self.fenced: set[str] = set()
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
         path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as log:
+        ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
+        with open(path, "ab") as out:
             try:
+                ckpt.mkdir(parents=True, exist_ok=True)
                 proc = await asyncio.create_subprocess_exec(
                     *inp.argv,
                     stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=job_environment(inp),
+                    env=job_environment(inp, ckpt),
                     start_new_session=True,
+                    preexec_fn=_term_with_agent,
                 )
             except OSError as err:
-                log.write(f"fairgang: could not start {inp.argv[0]!r}: {err}\n".encode())
+                out.write(f"fairgang: could not start {inp.argv[0]!r}: {err}\n".encode())
                 return LaunchResult(exit_code=127, how="start_failed", error=str(err))
-        self.running[inp.allocation_id] = proc
+        member = RunningMember(inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, proc)
+        self.running[inp.allocation_id] = member
+        self._save_state(member)
         try:
-            await self._tell_started(inp, proc.pid)
-            return await self._watch(proc, inp)
+            await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=proc.pid))
+            return await self._watch(proc, inp, ckpt)
         finally:
             self.running.pop(inp.allocation_id, None)
+            self._drop_state(member)
 
-    async def _tell_started(self, inp: LaunchInput, pid: int) -> None:
-        with contextlib.suppress(Exception):
-            handle = activity.client().get_workflow_handle(inp.job_id)
-            await handle.signal("member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=pid))
+    async def _signal(self, job_id: str, name: str, arg: object) -> None:
+        try:
+            await activity.client().get_workflow_handle(job_id).signal(name, arg)
+        except Exception as err:  # noqa: BLE001 - best effort: the workflow copes without it
+            log.warning("signal %s to %s failed: %s", name, job_id, err)
 
-    async def _watch(self, proc: asyncio.subprocess.Process, inp: LaunchInput) -> LaunchResult:
+    async def _report_checkpoint(self, inp: LaunchInput, ckpt: Path, last: str) -> str:
+        if inp.rank != 0:
+            return last
+        latest = read_latest_marker(ckpt)
+        if latest and latest != last:
+            report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest)
+            await self._signal(inp.job_id, "checkpoint", report)
+        return latest or last
+
+    async def _watch(self, proc: asyncio.subprocess.Process, inp: LaunchInput, ckpt: Path) -> LaunchResult:
+        reported = read_latest_marker(ckpt)  # what an earlier attempt left is not news
         try:
             while True:
                 activity.heartbeat()
+                reported = await self._report_checkpoint(inp, ckpt, reported)
                 try:
                     code = await asyncio.wait_for(asyncio.shield(proc.wait()), HEARTBEAT_EVERY_S)
                 except TimeoutError:
                     continue
-                return LaunchResult(exit_code=code, how="exited")
+                await self._report_checkpoint(inp, ckpt, reported)
+                if inp.allocation_id in self.fenced:
+                    raise ApplicationError("the agent fenced this member (its allocation is no longer held)", non_retryable=True)
+                return LaunchResult(exit_code=code, how="exited", checkpoint=reported or None)
         except asyncio.CancelledError:
             await stop_process_group(proc, inp.grace_period_s, heartbeat=activity.heartbeat)
+            await self._report_checkpoint(inp, ckpt, reported)
             raise
 
+    # ------------------------------------------------------------ state kept across agent restarts
 
-async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float, heartbeat: object = None) -> int | None:
+    def _state_file(self, member: RunningMember) -> Path | None:
+        if self.state_dir is None:
+            return None
+        return self.state_dir / f"{member.allocation_id}-rank-{member.rank}.json"
+
+    def _save_state(self, member: RunningMember) -> None:
+        path = self._state_file(member)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {k: v for k, v in vars(member).items() if k != "proc"} | {"start_time": process_start_time(member.pid)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+    def _drop_state(self, member: RunningMember) -> None:
+        path = self._state_file(member)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def orphans(self) -> list[RunningMember]:
+        """Members a previous run of this agent started that are still alive."""
+        if self.state_dir is None or not self.state_dir.exists():
+            return []
+        found = []
+        for path in sorted(self.state_dir.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+            start = data.pop("start_time", None)
+            if start is not None and process_start_time(data["pid"]) == start:
+                found.append(RunningMember(**data))
+            else:
+                path.unlink(missing_ok=True)
+        return found
+
+    async def stop_orphan(self, member: RunningMember) -> None:
+        """Stop a member whose activity died with the previous agent: SIGTERM, grace, SIGKILL."""
+        log.warning("stopping orphaned member of %s (allocation %s, pid %s)", member.job_id, member.allocation_id, member.pid)
+        await stop_pid_group(member.pid, member.grace_period_s)
+        self._drop_state(member)
+
+    def kill(self, allocation_id: str) -> None:
+        """Fence: SIGKILL the member of an allocation the store no longer holds."""
+        member = self.running.get(allocation_id)
+        if member is None:
+            return
+        self.fenced.add(allocation_id)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(member.pid, signal.SIGKILL)
+
+
+def _term_with_agent() -> None:
+    """In the child: SIGTERM it when the agent dies, so that a member never outlives its activity.
+
+    The member then checkpoints within its grace period; an agent that comes back SIGKILLs
+    whatever is left (see :meth:`LaunchActivities.stop_orphan`).
+    """
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a pid apart from its reuse)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float, heartbeat: Callable[[], None] | None = None) -> int:
     """SIGTERM the process group, wait up to ``grace_s`` (heartbeating), then SIGKILL it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
     while proc.returncode is None and loop.time() < deadline:
-        if callable(heartbeat):
+        if heartbeat is not None:
             heartbeat()
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(proc.wait()), min(HEARTBEAT_EVERY_S, max(deadline - loop.time(), 0.01)))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     return await proc.wait()
+
+
+async def stop_pid_group(pid: int, grace_s: float) -> None:
+    """The same for a process group this process did not start (an orphan from a previous agent)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while loop.time() < deadline:
+        if not pid_alive(pid):
+            break
+        await asyncio.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

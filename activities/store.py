@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from fairgang.spec import JobState
 from store import repo
 from store.db import Database
-from workflows.messages import QueuedInput, RequeueInput, TransitionInput
+from workflows.messages import CheckpointInput, QueuedInput, RequeueInput, TransitionInput
 
 
 class StoreActivities:
@@ -22,6 +23,12 @@ class StoreActivities:
 
     @activity.defn(name="record_transition")
     async def record_transition(self, inp: TransitionInput) -> str:
+        try:
+            return await self._record_transition(inp)
+        except repo.StalePlacement as err:
+            raise ApplicationError(str(err), type="StalePlacement", non_retryable=True) from None
+
+    async def _record_transition(self, inp: TransitionInput) -> str:
         job = await repo.record_transition(
             self.db,
             job_id=inp.job_id,
@@ -40,5 +47,9 @@ class StoreActivities:
         job = await repo.requeue_job(self.db, job_id=inp.job_id, from_attempt=inp.from_attempt, reason=inp.reason)
         return job.attempt
 
+    @activity.defn(name="record_checkpoint")
+    async def record_checkpoint(self, inp: CheckpointInput) -> None:
+        await repo.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt)
+
     def all(self) -> list[object]:
-        return [self.mark_queued, self.record_transition, self.requeue]
+        return [self.mark_queued, self.record_transition, self.requeue, self.record_checkpoint]

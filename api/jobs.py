@@ -6,10 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
+from temporalio.client import WorkflowUpdateFailedError
 
 from activities.launch import log_path
 from api.deps import Caller, State, log, require_user
-from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, QueueEntry, SubmitResult
+from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, SubmitResult
 from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
@@ -158,6 +159,23 @@ async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
         raise HTTPException(503, "the workflow service is unreachable; try again")
     await temporal.signal_cancel(client, job_id=job.id, reason=reason)
     return JobPublic.of(job)
+
+
+@router.post("/jobs/{job_id}/preempt", response_model=PreemptResult)
+async def preempt_job(state: State, who: Caller, job_id: str, reason: str | None = None) -> PreemptResult:
+    """Preempt the running attempt: SIGTERM, the grace period to checkpoint, SIGKILL; then the job queues again."""
+    job = await visible_job(state, who, job_id)
+    if job.state not in (JobState.LAUNCHING.value, JobState.RUNNING.value):
+        raise HTTPException(409, f"job is {job.state}: only a launching or running job can be preempted")
+    client = await state.temporal()
+    if client is None:
+        raise HTTPException(503, "the workflow service is unreachable; try again")
+    why = reason or ("preempted by admin" if who.admin else f"preempted by tenant {who.tenant}")
+    try:
+        answer = await temporal.preempt(client, job_id=job.id, reason=why)
+    except WorkflowUpdateFailedError as err:
+        raise HTTPException(409, str(err.cause or err)) from None
+    return PreemptResult(accepted=answer.accepted, message=answer.message)
 
 
 @router.get("/queue", response_model=list[QueueEntry])

@@ -47,6 +47,7 @@ class JobPublic(BaseModel):
     end_reason: str | None
     exit_code: int | None
     latest_checkpoint: str | None
+    latest_checkpoint_at: float | None
     created_at: float
     updated_at: float
     started_at: float | None
@@ -68,6 +69,7 @@ class JobPublic(BaseModel):
             end_reason=j.end_reason,
             exit_code=j.exit_code,
             latest_checkpoint=j.latest_checkpoint,
+            latest_checkpoint_at=j.latest_checkpoint_at,
             created_at=j.created_at,
             updated_at=j.updated_at,
             started_at=j.started_at,
@@ -88,6 +90,11 @@ class SubmitResult(BaseModel):
     job: JobPublic
 
 
+class PreemptResult(BaseModel):
+    accepted: bool
+    message: str
+
+
 class QueueEntry(BaseModel):
     position: int
     job: JobPublic
@@ -101,6 +108,8 @@ class NodeRegistration(BaseModel):
     boot_id: str
     gpus: list[dict[str, Any]] = []
     address: str | None = None
+    #: Allocation ids the agent runs members of (reported for the record; fencing uses the answer).
+    running: list[str] = []
 
 
 class NodeHeartbeat(BaseModel):

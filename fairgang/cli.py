@@ -171,7 +171,7 @@ def dev(
         if demo:
             _demo(platform, cluster)
         while not stop:
-            platform.check_alive()
+            platform.supervise(say=lambda line: console.print(f"[yellow]{line}[/]"))
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
@@ -358,6 +358,14 @@ def cancel(job_id: str, api_url: str = ApiUrl, token: str = Token) -> None:
     with _client(api_url, token) as http:
         data = _check(http.post(f"/v1/jobs/{job_id}/cancel"))
     console.print(f"cancel requested for {data['id']} (was {data['state']})")
+
+
+@app.command()
+def preempt(job_id: str, reason: str = typer.Option(None, "--reason"), api_url: str = ApiUrl, token: str = Token) -> None:
+    """Preempt a running job: it checkpoints (SIGTERM, grace period), then queues again as the next attempt."""
+    with _client(api_url, token) as http:
+        data = _check(http.post(f"/v1/jobs/{job_id}/preempt", params={"reason": reason} if reason else {}))
+    console.print(data["message"])
 
 
 @app.command()

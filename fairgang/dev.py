@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -70,7 +71,9 @@ class DevPlatform:
     ui_port: int = 8233
     database_url: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argvs: dict[str, list[str]] = field(default_factory=dict)
+    restarts: dict[str, float] = field(default_factory=dict)
 
     @property
     def settings(self) -> Settings:
@@ -92,6 +95,8 @@ class DevPlatform:
                 "FAIRGANG_TEMPORAL_UI_URL": s.temporal_ui_url,
                 "FAIRGANG_API_URL": s.api_url,
                 "FAIRGANG_LOG_DIR": str(s.log_dir),
+                "FAIRGANG_CHECKPOINT_ROOT": os.environ.get("FAIRGANG_CHECKPOINT_ROOT", str(self.data_dir / "checkpoints")),
+                "FAIRGANG_AGENT_STATE_DIR": str(self.data_dir / "agent-state"),
             }
         )
         env.pop("DATABASE_URL", None)
@@ -101,9 +106,17 @@ class DevPlatform:
     def _spawn(self, name: str, argv: list[str]) -> None:
         logs = self.data_dir / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child for its life
-        proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-        self.procs.append((name, proc))
+        with open(logs / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.procs[name], self.argvs[name] = proc, argv
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """data_dir/pids.json: each part's pid, for operators (and tests) that want to kill one."""
+        pids = {name: proc.pid for name, proc in self.procs.items()}
+        tmp = self.data_dir / "pids.json.tmp"
+        tmp.write_text(json.dumps(pids, indent=1))
+        tmp.replace(self.data_dir / "pids.json")
 
     def start(self, say: Callable[[str], None] = print) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -153,24 +166,35 @@ class DevPlatform:
                     return
             except httpx.HTTPError:
                 pass
-            self.check_alive()
+            self.supervise()
             time.sleep(0.3)
         raise TimeoutError("the platform did not become ready")
 
-    def check_alive(self) -> None:
-        for name, proc in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.data_dir / 'process-logs' / (name + '.log')}")
+    def supervise(self, say: Callable[[str], None] | None = None) -> None:
+        """Restart any part that died, as a service manager would (at most once a second each).
+
+        A file ``data_dir/hold/<name>`` keeps that part down (maintenance, or a test of a lost node).
+        """
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None or (self.data_dir / "hold" / name).exists():
+                continue
+            if time.monotonic() - self.restarts.get(name, 0.0) < 1.0:
+                continue
+            self.restarts[name] = time.monotonic()
+            if say is not None:
+                say(f"{name} exited with code {proc.returncode}; restarting it")
+            self._spawn(name, self.argvs[name])
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the platform: everything but Temporal first, then Temporal."""
-        order = [p for p in self.procs if p[0] != "temporal"] + [p for p in self.procs if p[0] == "temporal"]
-        for group in (order[:-1], order[-1:]):
-            for _, proc in group:
+        others = [p for n, p in self.procs.items() if n != "temporal"]
+        temporal = [p for n, p in self.procs.items() if n == "temporal"]
+        for group in (others, temporal):
+            for proc in group:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            for _, proc in group:
+            for proc in group:
                 try:
                     proc.wait(max(deadline - time.monotonic(), 0.1))
                 except subprocess.TimeoutExpired:

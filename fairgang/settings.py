@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     scheduler_poll_s: float = 0.1
     #: Re-signal a binding its workflow has not acknowledged after this long.
     scheduler_resignal_after_s: float = 5.0
+    #: Nodes mount checkpoint storage here; a spec's checkpoint_dir is taken relative to it. None: as written.
+    checkpoint_root: Path | None = None
+    #: Node-local directory where an agent remembers the processes it started.
+    agent_state_dir: Path = Path("fairgang-agent-state")
+    #: An agent that cannot reach the API this long stops its members (they may be running elsewhere soon).
+    self_fence_after_s: float = 20.0
+    #: The placement service declares a node LOST when it has been silent this long.
+    node_lost_after_s: float = 30.0
     #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.
     infra_retry_limit: int = 5
     infra_retry_backoff_s: float = 2.0

@@ -10,7 +10,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
-from workflows.messages import CancelRequest, JobInput, Placement, PlacementMember
+from workflows.messages import CancelRequest, JobInput, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
 
 
 async def connect(settings: Settings) -> Client:
@@ -68,3 +68,13 @@ async def signal_placement(client: Client, *, job_id: str, allocation_id: str, a
 
 async def signal_cancel(client: Client, *, job_id: str, reason: str) -> None:
     await client.get_workflow_handle(job_id).signal("cancel", CancelRequest(reason=reason))
+
+
+async def signal_node_lost(client: Client, *, job_id: str, node_id: str) -> None:
+    await client.get_workflow_handle(job_id).signal("node_lost", NodeLost(node_id=node_id))
+
+
+async def preempt(client: Client, *, job_id: str, reason: str, for_job: str | None = None) -> PreemptAnswer:
+    """Ask the job's workflow to preempt its running attempt; raises if the workflow refuses."""
+    handle = client.get_workflow_handle(job_id)
+    return await handle.execute_update("preempt", PreemptRequest(reason=reason, for_job=for_job), result_type=PreemptAnswer)

@@ -100,6 +100,8 @@ class PlacementService:
         epoch = await repo.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
         if epoch is None:
             return CycleReport(leader=False)
+        # 1b. Node liveness: silent nodes are declared lost and their jobs told at once.
+        await self._declare_lost_nodes(now)
         # 2. Snapshot, 3. decide.
         snapshot = await build_snapshot(self.db, now=now, stale_after_s=self.settings.node_stale_after_s)
         decisions = run_cycle(snapshot, now)
@@ -128,6 +130,16 @@ class PlacementService:
         report.resignalled = len(stale)
         report.started_workflows = await self._start_missing_workflows(now)
         return report
+
+    async def _declare_lost_nodes(self, now: float) -> None:
+        lost = await repo.mark_lost_nodes(self.db, lost_after_s=self.settings.node_lost_after_s, now=now)
+        for node_id, job_ids in sorted(lost.items()):
+            log.warning("node %s declared lost; telling %d job(s)", node_id, len(job_ids))
+            for job_id in job_ids:
+                try:
+                    await temporal.signal_node_lost(self.client, job_id=job_id, node_id=node_id)
+                except Exception as err:  # noqa: BLE001 - the member's heartbeat timeout catches it anyway
+                    log.warning("node-lost signal to %s failed: %s", job_id, err)
 
     async def _signal(self, allocations: Sequence[Any]) -> None:
         sent = []

@@ -80,6 +80,7 @@ class Job(SQLModel, table=True):
     end_reason: str | None = Field(default=None, max_length=1024)
     exit_code: int | None = None
     latest_checkpoint: str | None = Field(default=None, max_length=1024)
+    latest_checkpoint_at: float | None = None
     workflow_started: bool = False
     created_at: float
     updated_at: float

@@ -205,6 +205,10 @@ async def create_job(
     return job, True
 
 
+class StalePlacement(Exception):
+    """A placement names an allocation the store does not hold for that job and attempt."""
+
+
 class AdmissionRefused(Exception):
     """The job is valid but this tenant may not run it (SPEC R2.1)."""
 
@@ -324,12 +328,12 @@ async def record_transition(
             return job
         job.state, job.updated_at = state.value, now
         if state is JobState.LAUNCHING and allocation_id is not None:
+            alloc = await session.get(Allocation, allocation_id)
+            if alloc is None or alloc.job_id != job_id or alloc.attempt != attempt or alloc.state not in LIVE_ALLOCATION_STATES:
+                raise StalePlacement(f"allocation {allocation_id} is not a live binding of {job_id} attempt {attempt}")
             job.pending_reason = None
-            await session.execute(
-                update(Allocation)
-                .where(col(Allocation.id) == allocation_id, col(Allocation.state) == "BOUND")
-                .values(state="ACKED", acked_at=now)
-            )
+            if alloc.state == "BOUND":
+                alloc.state, alloc.acked_at = "ACKED", now
         if state is JobState.RUNNING and job.started_at is None:
             job.started_at = now
         if pending_reason is not None:
@@ -384,9 +388,18 @@ async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | N
         return job
 
 
-async def set_latest_checkpoint(db: Database, *, job_id: str, checkpoint: str) -> None:
+async def set_latest_checkpoint(
+    db: Database, *, job_id: str, checkpoint: str, attempt: int | None = None, now: float | None = None
+) -> None:
+    """Record the job's newest checkpoint (idempotent per path)."""
+    now = time.time() if now is None else now
     async with db.transaction() as session:
-        await session.execute(update(Job).where(col(Job.id) == job_id).values(latest_checkpoint=checkpoint))
+        job = await session.get(Job, job_id)
+        if job is None or job.latest_checkpoint == checkpoint:
+            return
+        job.latest_checkpoint, job.latest_checkpoint_at = checkpoint, now
+        key = f"checkpoint:{checkpoint}"[:160]
+        await _add_event_once(session, _event(job_id, attempt or job.attempt, "CHECKPOINT", checkpoint, key, now))
 
 
 # ---------------------------------------------------------------- nodes
@@ -420,6 +433,7 @@ async def register_node(
             node.gpu_type, node.gpu_count = gpu_type, gpu_count
             if labels:
                 node.labels = labels
+        was_lost = node.state == "LOST"
         node.boot_id, node.last_heartbeat, node.registered_at, node.address = boot_id, now, now, address
         if node.state in ("DOWN", "LOST"):
             node.state = "READY"
@@ -431,7 +445,8 @@ async def register_node(
             else:
                 row.uuid, row.health = gpu.get("uuid"), gpu.get("health", {})
         await bump_change_feed(session)
-        live = await _live_allocations_on(session, node_id)
+        # A node declared lost comes back empty-handed: whatever it still runs is fenced.
+        live = [] if was_lost else await _live_allocations_on(session, node_id)
         return node, live
 
 
@@ -460,6 +475,36 @@ async def node_heartbeat(db: Database, *, node_id: str, boot_id: str, now: float
         if was_stale:
             await bump_change_feed(session)
         return True, await _live_allocations_on(session, node_id)
+
+
+async def mark_lost_nodes(db: Database, *, lost_after_s: float, now: float | None = None) -> dict[str, list[str]]:
+    """Declare nodes silent for ``lost_after_s`` LOST. Returns {node id: ids of jobs with live allocations there}.
+
+    A lost node gets no new work; its heartbeats are refused until its agent registers again,
+    and then it gets back no allocation (see :func:`register_node`).
+    """
+    now = time.time() if now is None else now
+    lost: dict[str, list[str]] = {}
+    async with db.transaction() as session:
+        query = select(Node).where(
+            col(Node.state).in_(("READY", "CORDONED")),
+            col(Node.last_heartbeat).is_not(None),
+            col(Node.last_heartbeat) < now - lost_after_s,
+        )
+        for node in (await session.execute(query)).scalars().all():
+            node.state = "LOST"
+            jobs = (
+                await session.execute(
+                    select(col(Allocation.job_id))
+                    .join(AllocationGpu, col(AllocationGpu.allocation_id) == col(Allocation.id))
+                    .where(col(AllocationGpu.node_id) == node.id, col(AllocationGpu.live) == True)  # noqa: E712
+                    .distinct()
+                )
+            ).all()
+            lost[node.id] = sorted(j for (j,) in jobs)
+        if lost:
+            await bump_change_feed(session)
+    return lost
 
 
 async def list_nodes(db: Database) -> Sequence[Node]:

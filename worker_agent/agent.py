@@ -2,6 +2,13 @@
 
 It never touches the database: it talks to the control plane through the API (with a
 node token) and to Temporal through its node task queue ``node-<id>``.
+
+What a restart does, deliberately: members started by a previous run of the agent lost
+their activity with it, so the new run stops them gracefully (SIGTERM, grace period,
+SIGKILL: they checkpoint) and the workflow queues the job again, resuming from that
+checkpoint. An agent that cannot reach the API for ``self_fence_after_s`` stops its
+members the same way, because the control plane will soon declare the node lost and run
+the job elsewhere.
 """
 
 from __future__ import annotations
@@ -9,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
+import time
 import uuid
-from datetime import timedelta
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.launch import LaunchActivities
+from activities.launch import LaunchActivities, stop_pid_group
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
 
@@ -45,8 +52,15 @@ class NodeAgent:
         self.labels = labels
         self.boot_id = uuid.uuid4().hex
         self.http = httpx.AsyncClient(base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
-        self.launcher = LaunchActivities(node_id=node_id, log_dir=log_dir or settings.log_dir)
+        self.launcher = LaunchActivities(
+            node_id=node_id,
+            log_dir=log_dir or settings.log_dir,
+            checkpoint_root=settings.checkpoint_root,
+            state_dir=settings.agent_state_dir / node_id,
+        )
         self.registered = False
+        self.last_contact = time.monotonic()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def register(self) -> None:
         inventory = self.gpus.inventory()
@@ -57,6 +71,7 @@ class NodeAgent:
             "labels": self.labels,
             "boot_id": self.boot_id,
             "gpus": [g.as_dict() for g in inventory],
+            "running": sorted(self.launcher.running),
         }
         resp = await self.http.post("/v1/nodes/register", json=body)
         resp.raise_for_status()
@@ -66,11 +81,14 @@ class NodeAgent:
 
     def fence(self, live: list[str]) -> None:
         """Kill anything running whose allocation the store no longer holds (invariant 4)."""
-        for allocation_id, proc in list(self.launcher.running.items()):
-            if allocation_id not in live and proc.returncode is None:
-                log.warning("fencing allocation %s: not live in the store, killing pid %s", allocation_id, proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+        for allocation_id in sorted(set(self.launcher.running) - set(live)):
+            log.warning("fencing allocation %s: the store no longer holds it", allocation_id)
+            self.launcher.kill(allocation_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def heartbeat_loop(self) -> None:
         while True:
@@ -83,27 +101,46 @@ class NodeAgent:
                 )
                 resp.raise_for_status()
                 answer = resp.json()
+                self.last_contact = time.monotonic()
                 if answer["accepted"]:
                     self.fence(answer["live_allocations"])
                 else:
+                    log.warning("heartbeat refused (node declared lost or restarted): registering again")
                     self.registered = False
             except (httpx.HTTPError, OSError) as err:
                 log.warning("heartbeat failed: %s", err)
+                self._self_fence()
             await asyncio.sleep(self.settings.node_heartbeat_interval_s)
 
+    def _self_fence(self) -> None:
+        silent = time.monotonic() - self.last_contact
+        if silent < self.settings.self_fence_after_s or not self.launcher.running:
+            return
+        for allocation_id, member in sorted(self.launcher.running.items()):
+            if allocation_id in self.launcher.fenced:
+                continue
+            log.warning("no contact with the control plane for %.0fs: stopping %s", silent, member.job_id)
+            self.launcher.fenced.add(allocation_id)
+            self._spawn(stop_pid_group(member.pid, member.grace_period_s))
+
     async def run(self, client: Client) -> None:
-        """Heartbeat and serve the node's task queue until cancelled."""
+        """Stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""
+        orphans = self.launcher.orphans()
+        if orphans:
+            await asyncio.gather(*(self.launcher.stop_orphan(m) for m in orphans))
         worker = Worker(
             client,
             task_queue=node_task_queue(self.node_id),
             activities=[self.launcher.launch],
             max_concurrent_activities=64,
-            # Let a stopping agent finish stopping its members instead of abandoning them.
-            graceful_shutdown_timeout=timedelta(seconds=5),
+            # No graceful timeout: a stopping agent cancels its launch activities at once, and each
+            # stops its member (SIGTERM, grace, SIGKILL) before the worker finishes shutting down.
         )
         beats = asyncio.create_task(self.heartbeat_loop())
         try:
             await worker.run()
         finally:
             beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
             await self.http.aclose()

@@ -16,19 +16,24 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.messages import (
         CancelRequest,
+        CheckpointInput,
+        CheckpointReport,
         JobInput,
         JobOutcome,
         JobStatus,
         LaunchInput,
         LaunchResult,
         MemberStarted,
+        NodeLost,
         Placement,
+        PreemptAnswer,
+        PreemptRequest,
         QueuedInput,
         RequeueInput,
         TransitionInput,
@@ -77,6 +82,12 @@ class WorkflowState:
     own_failures: int = 0
     infra_failures: int = 0
     running_recorded: bool = False
+    #: A preemption asked for the current attempt (cleared when the job is queued again).
+    preempt: PreemptRequest | None = None
+    #: Nodes of the current placement reported lost by the placement service.
+    lost_nodes: set[str] = field(default_factory=set)
+    #: The job's latest checkpoint, from rank 0's LATEST marker; handed to the next attempt.
+    latest_checkpoint: str = ""
 
 
 @workflow.defn(name="TrainingJob")
@@ -98,6 +109,39 @@ class TrainingJobWorkflow:
     def cancel(self, request: CancelRequest) -> None:
         if self.s.cancel is None:
             self.s.cancel = request
+
+    @workflow.update(name="preempt")
+    async def preempt_update(self, request: PreemptRequest) -> PreemptAnswer:
+        """Preempt and answer (from the API, the CLI or `temporal workflow update execute`)."""
+        self.s.preempt = request
+        return PreemptAnswer(accepted=True, message=f"stopping attempt {self.s.attempt} gracefully: {request.reason}")
+
+    @preempt_update.validator
+    def _validate_preempt(self, request: PreemptRequest) -> None:
+        if self.s.placement is None or self.s.state not in ("LAUNCHING", "RUNNING"):
+            raise ValueError(f"job is {self.s.state}: only a launching or running job can be preempted")
+        if self.s.preempt is not None:
+            raise ValueError("a preemption of this attempt is already under way")
+
+    @workflow.signal(name="preempt")
+    def preempt_signal(self, request: PreemptRequest) -> None:
+        """Preempt without an answer (signals work even while no worker runs)."""
+        if self.s.placement is not None and self.s.state in ("LAUNCHING", "RUNNING") and self.s.preempt is None:
+            self.s.preempt = request
+
+    @workflow.signal
+    def node_lost(self, lost: NodeLost) -> None:
+        placement = self.s.placement
+        if placement is not None and any(m.node_id == lost.node_id for m in placement.members):
+            self.s.lost_nodes.add(lost.node_id)
+
+    @workflow.signal
+    async def checkpoint(self, report: CheckpointReport) -> None:
+        if report.attempt != self.s.attempt or not report.path or report.path == self.s.latest_checkpoint:
+            return
+        self.s.latest_checkpoint = report.path
+        assert self.job is not None
+        await _store("record_checkpoint", CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path))
 
     @workflow.signal
     def member_started(self, started: MemberStarted) -> None:
@@ -138,7 +182,14 @@ class TrainingJobWorkflow:
                 return await self._finish("CANCELLED", None, self.s.cancel.reason, "cancel")
             placement = self.s.placement
             assert placement is not None
-            await self._transition("LAUNCHING", f"launching-{self.s.attempt}", "launching", placement.allocation_id)
+            try:
+                await self._transition("LAUNCHING", f"launching-{self.s.attempt}", "launching", placement.allocation_id)
+            except ActivityError as err:
+                if isinstance(err.cause, ApplicationError) and err.cause.type == "StalePlacement":
+                    workflow.logger.warning("dropping placement %s: %s", placement.allocation_id, err.cause)
+                    self.s.placement = None
+                    continue
+                raise
             result = await self._run_gang(job, placement)
             if result.kind == "succeeded":
                 return await self._finish("SUCCEEDED", 0, "all members exited 0", "end")
@@ -146,6 +197,9 @@ class TrainingJobWorkflow:
                 return await self._finish("CANCELLED", result.exit_code, self.s.cancel.reason if self.s.cancel else "cancelled", "cancel")
             if result.kind == "timed_out":
                 return await self._finish("TIMED_OUT", result.exit_code, result.reason, "end")
+            if result.kind == "preempted":
+                await self._requeue(result.reason)
+                continue
             if result.kind == "failed":
                 self.s.own_failures += 1
                 if self.s.own_failures > job.retries:
@@ -158,7 +212,9 @@ class TrainingJobWorkflow:
                 return await self._finish(
                     "FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
                 )
-            await workflow.sleep(job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
+            # The lost member's agent stops its processes when it loses the control plane; wait out
+            # their grace period too, so that no attempt ever runs twice at the same time.
+            await workflow.sleep(job.grace_period_s + job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
             await self._requeue(result.reason)
 
     async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
@@ -184,6 +240,7 @@ class TrainingJobWorkflow:
                 grace_period_s=job.grace_period_s,
                 master_addr=members[0].node_id,
                 master_port=MASTER_PORT,
+                resume_from=self.s.latest_checkpoint,
             )
             handle = workflow.start_activity(
                 "launch",
@@ -213,6 +270,8 @@ class TrainingJobWorkflow:
                         len(results) == world
                         or member_failed()
                         or self.s.cancel is not None
+                        or self.s.preempt is not None
+                        or bool(self.s.lost_nodes)
                         or (not self.s.running_recorded and len(self.s.started_members) == world)
                     ),
                     timeout=max(remaining, 0.001),
@@ -226,32 +285,41 @@ class TrainingJobWorkflow:
                 continue
             break
         stopping = len(results) < world
+        if stopping and self.s.preempt is not None and self.s.cancel is None and not timed_out:
+            await self._transition("PREEMPTING", f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
         if stopping:
             for handle in handles:
                 if not handle.done():
                     handle.cancel()
             await asyncio.gather(*handles, return_exceptions=True)
-        return self._judge(results, timed_out=timed_out, cancelled=self.s.cancel is not None and stopping)
+        return self._judge(results, timed_out=timed_out, stopping=stopping)
 
-    def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, cancelled: bool) -> GangResult:
+    def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, stopping: bool) -> GangResult:
+        """How the attempt ended. What the platform asked for comes first, then what happened."""
+        if self.s.cancel is not None and stopping:
+            return GangResult("cancelled", None, "cancelled")
+        if timed_out:
+            return GangResult("timed_out", None, "max runtime reached")
+        if self.s.preempt is not None and stopping:
+            return GangResult("preempted", None, f"preempted: {self.s.preempt.reason}")
+        if self.s.lost_nodes and stopping:
+            return GangResult("lost", None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost")
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError) and r.cause.type == TimeoutType.HEARTBEAT:
                 return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
-        codes = {rank: r.exit_code for rank, r in results.items() if isinstance(r, LaunchResult)}
-        if timed_out:
-            return GangResult("timed_out", None, "max runtime reached")
-        if cancelled:
-            return GangResult("cancelled", None, "cancelled")
+        # The job's own failures first: the members the workflow cancelled because of them are not news.
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, LaunchResult) and r.how == "start_failed":
                 return GangResult("failed", r.exit_code, f"member {rank} could not start: {r.error}")
             if isinstance(r, LaunchResult) and r.exit_code != 0:
                 return GangResult("failed", r.exit_code, f"member {rank} exited with code {r.exit_code}")
+        for rank in sorted(results):
+            r = results[rank]
             if isinstance(r, BaseException):
                 return GangResult("lost", None, f"member {rank} failed: {r}")
-        if len(codes) == len(results) and all(c == 0 for c in codes.values()):
+        if results and all(isinstance(r, LaunchResult) and r.exit_code == 0 for r in results.values()):
             return GangResult("succeeded", 0)
         return GangResult("lost", None, "gang ended without a result")
 
@@ -285,6 +353,8 @@ class TrainingJobWorkflow:
         self.s.attempt += 1
         self.s.placement = None
         self.s.started_members = set()
+        self.s.preempt = None
+        self.s.lost_nodes = set()
 
     async def _finish(self, state: str, exit_code: int | None, reason: str, key: str) -> JobOutcome:
         assert self.job is not None

@@ -56,6 +56,45 @@ class CancelRequest:
 
 
 @dataclass
+class PreemptRequest:
+    """Stop the running attempt gracefully (SIGTERM, grace, SIGKILL) and queue the job again."""
+
+    reason: str = "preempted by hand"
+    #: Set by the placement service when the GPUs go to another job.
+    for_job: str | None = None
+
+
+@dataclass
+class PreemptAnswer:
+    accepted: bool
+    message: str
+
+
+@dataclass
+class NodeLost:
+    """Signal from the placement service: a node of the current placement stopped heartbeating."""
+
+    node_id: str
+    reason: str = "node stopped heartbeating"
+
+
+@dataclass
+class CheckpointReport:
+    """Signal from rank 0's agent: the job wrote a new checkpoint (its LATEST marker changed)."""
+
+    allocation_id: str
+    attempt: int
+    path: str
+
+
+@dataclass
+class CheckpointInput:
+    job_id: str
+    attempt: int
+    path: str
+
+
+@dataclass
 class MemberStarted:
     """Signal from an agent: the member's process is running."""
 
