@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     log_dir: Path = Path("fairgang-logs")
     #: Launch activities heartbeat; a member silent this long is treated as lost.
     activity_heartbeat_timeout_s: float = 20.0
+    #: A member whose node's agent does not pick it up this long is lost.
+    launch_start_timeout_s: float = 60.0
     #: How often agents heartbeat to the API.
     node_heartbeat_interval_s: float = 2.0
     #: A node silent this long gets no new work.

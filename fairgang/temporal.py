@@ -34,6 +34,7 @@ def job_input(job: Any, settings: Settings) -> JobInput:
         heartbeat_timeout_s=settings.activity_heartbeat_timeout_s,
         infra_retry_limit=settings.infra_retry_limit,
         infra_retry_backoff_s=settings.infra_retry_backoff_s,
+        launch_start_timeout_s=settings.launch_start_timeout_s,
     )
 
 

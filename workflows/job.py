@@ -248,6 +248,7 @@ class TrainingJobWorkflow:
                 task_queue=f"node-{member.node_id}",
                 start_to_close_timeout=timedelta(seconds=job.max_runtime_s + job.grace_period_s + 300),
                 heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
+                schedule_to_start_timeout=timedelta(seconds=job.launch_start_timeout_s),
                 # A retry would wait on the same (maybe dead) node's queue: the workflow re-places instead.
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -306,8 +307,11 @@ class TrainingJobWorkflow:
             return GangResult("lost", None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost")
         for rank in sorted(results):
             r = results[rank]
-            if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError) and r.cause.type == TimeoutType.HEARTBEAT:
-                return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
+            if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError):
+                if r.cause.type == TimeoutType.HEARTBEAT:
+                    return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
+                if r.cause.type == TimeoutType.SCHEDULE_TO_START:
+                    return GangResult("lost", None, f"member {rank} lost (its node did not pick it up)")
         # The job's own failures first: the members the workflow cancelled because of them are not news.
         for rank in sorted(results):
             r = results[rank]

@@ -28,6 +28,8 @@ class JobInput:
     infra_retry_limit: int = 5
     infra_retry_backoff_s: float = 2.0
     attempt: int = 1
+    #: A member whose node does not pick it up this long is lost (the node's agent is gone).
+    launch_start_timeout_s: float = 60.0
 
 
 @dataclass

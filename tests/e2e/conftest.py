@@ -71,6 +71,10 @@ class Platform:
                 "FAIRGANG_INFRA_RETRY_BACKOFF_S": "1",
                 "FAIRGANG_NODE_HEARTBEAT_INTERVAL_S": "1",
                 "FAIRGANG_SCHEDULER_TICK_S": "2",
+                "FAIRGANG_NODE_STALE_AFTER_S": "3",
+                "FAIRGANG_NODE_LOST_AFTER_S": "4",
+                "FAIRGANG_SELF_FENCE_AFTER_S": "4",
+                "FAIRGANG_LAUNCH_START_TIMEOUT_S": "15",
             }
         )
         argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]
