@@ -124,8 +124,16 @@ class Platform:
             return dict(resp.json()["job"])
 
     def job(self, job_id: str, token: str = "admin-token") -> dict[str, Any]:
-        with self.client(token) as http:
-            return dict(http.get(f"/v1/jobs/{job_id}").json())
+        """The job's view; retried while the API is down (a test may have killed it)."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with self.client(token) as http:
+                    return dict(http.get(f"/v1/jobs/{job_id}").json())
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
 
     def wait_for(self, job_id: str, states: set[str], timeout: float = 90.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
