@@ -10,7 +10,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
-from workflows.messages import CancelRequest, JobInput, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
+from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
 
 
 async def connect(settings: Settings) -> Client:
@@ -55,6 +55,7 @@ async def start_job_workflow(client: Client, job: Any, settings: Settings) -> Wo
             ]
         ),
         execution_timeout=timedelta(days=30),
+        result_type=JobOutcome,
     )
 
 

@@ -177,3 +177,71 @@ async def test_change_feed_moves_when_queue_or_capacity_changes(seeded: Database
     await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.CANCELLED, event_key="cancel-1")
     async with seeded.sessions() as session:
         assert (await session.execute(text("SELECT version FROM change_feed"))).scalar_one() == after_queue
+
+
+async def test_silent_nodes_are_declared_lost_with_their_jobs(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    await repo.register_node(seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b1", gpus=[], now=100.0)
+    await repo.register_node(seeded, node_id="h2", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b2", gpus=[], now=100.0)
+    await repo.node_heartbeat(seeded, node_id="h2", boot_id="b2", now=125.0)
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=1000, now=100.0)
+    assert epoch is not None
+    await repo.commit_bindings(
+        seeded,
+        bindings=[repo.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": "h1", "gpu_indices": [0], "rank": 0}])],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
+        now=101.0,
+    )
+    lost = await repo.mark_lost_nodes(seeded, lost_after_s=20, now=130.0)
+    assert lost == {"h1": [job.id]}
+    assert await repo.mark_lost_nodes(seeded, lost_after_s=20, now=131.0) == {}
+    states = {n.id: n.state for n in await repo.list_nodes(seeded)}
+    assert states["h1"] == "LOST" and states["h2"] == "READY"
+
+
+async def test_a_lost_node_gets_no_allocation_back_and_its_late_heartbeat_is_refused(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    await repo.register_node(seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b1", gpus=[], now=100.0)
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=1000, now=100.0)
+    assert epoch is not None
+    [alloc] = await repo.commit_bindings(
+        seeded,
+        bindings=[repo.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": "h1", "gpu_indices": [0], "rank": 0}])],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
+        now=101.0,
+    )
+    # While the node is fine, a re-registration (agent restart) gets its live allocation back.
+    _, live = await repo.register_node(seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b2", gpus=[], now=102.0)
+    assert live == [alloc.id]
+    await repo.mark_lost_nodes(seeded, lost_after_s=20, now=200.0)
+    accepted, live = await repo.node_heartbeat(seeded, node_id="h1", boot_id="b2", now=201.0)
+    assert not accepted and live == []
+    node, live = await repo.register_node(
+        seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b2", gpus=[], now=202.0
+    )
+    assert node.state == "READY" and live == []
+
+
+async def test_launching_acknowledges_only_the_attempts_own_live_allocation(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    [alloc] = await _bind(seeded, job.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)
+    with pytest.raises(repo.StalePlacement):
+        await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-x", allocation_id="a-bogus")
+    assert (await repo.get_job(seeded, job.id)).state == "PLACED"  # type: ignore[union-attr]
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
+    assert (await repo.job_allocations(seeded, job.id))[0].state == "ACKED"
+
+
+async def test_checkpoint_is_recorded_once_per_path(seeded: Database) -> None:
+    job = await _queued_job(seeded, "a")
+    for _ in range(2):
+        await repo.set_latest_checkpoint(seeded, job_id=job.id, checkpoint="/ckpt/alpha/a/step-10", now=50.0)
+    got = await repo.get_job(seeded, job.id)
+    assert got is not None and got.latest_checkpoint == "/ckpt/alpha/a/step-10" and got.latest_checkpoint_at == 50.0
+    assert [e.kind for e in await repo.job_events(seeded, job.id)].count("CHECKPOINT") == 1
