@@ -25,7 +25,7 @@ from temporalio.client import Client
 
 from fairgang import temporal
 from fairgang.settings import Settings
-from scheduler.core import NodeView, PendingJob, Snapshot, run_cycle
+from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView, run_cycle
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
 from store.models import Job
@@ -47,11 +47,36 @@ def pending_job_view(job: Job) -> PendingJob:
         queued_at=job.queued_at,
         topology_level=topology.get("level", "any"),
         topology_required=topology.get("mode", "required") == "required",
+        max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
+        preemptible=bool(job.spec.get("preemptible", True)),
+        submitted_at=job.created_at,
     )
 
 
-async def build_snapshot(db: Database, *, now: float, stale_after_s: float) -> Snapshot:
-    """Read nodes, healthy free GPUs and queued jobs into a snapshot."""
+async def build_snapshot(
+    db: Database,
+    *,
+    now: float,
+    stale_after_s: float,
+    config: SchedulerConfig | None = None,
+    reservations: tuple[Reservation, ...] = (),
+) -> Snapshot:
+    """Read nodes, healthy free GPUs, queued and running jobs, and tenants into a snapshot.
+
+    ``reservations`` are the previous committed cycle's ``Decisions.reservations`` (the
+    caller keeps them; see docs/scheduler.md). Decayed usage comes from the allocation
+    rows: each allocation's GPUs over its lifetime (to now for live ones), decayed with
+    ``config.usage_half_life_s``; allocations released more than 8 half-lives ago are
+    skipped (they weigh under 0.4%).
+    """
+    import math
+
+    from sqlalchemy import or_, select
+    from sqlmodel import col
+
+    from store.models import Allocation, Tenant
+
+    config = config or SchedulerConfig()
     used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
     healthy: dict[str, set[int]] = {}
     for gpu in await repo.list_gpus(db):
@@ -72,7 +97,60 @@ async def build_snapshot(db: Database, *, now: float, stale_after_s: float) -> S
             )
         )
     pending = tuple(pending_job_view(j) for j in await repo.queued_jobs(db))
-    return Snapshot(nodes=tuple(nodes), pending=pending)
+    half_life = config.usage_half_life_s
+    horizon = now - 8 * half_life
+    async with db.sessions() as session:
+        tenant_rows = (await session.execute(select(Tenant).order_by(col(Tenant.name)))).scalars().all()
+        alloc_rows = (
+            await session.execute(
+                select(Allocation, Job)
+                .join(Job, col(Job.id) == col(Allocation.job_id))
+                .where(or_(col(Allocation.state).in_(repo.LIVE_ALLOCATION_STATES), col(Allocation.released_at) >= horizon))
+                .order_by(col(Allocation.id))
+            )
+        ).all()
+    decayed: dict[str, dict[str, float]] = {}
+    running = []
+    for alloc, job in alloc_rows:
+        gpus = sum(len(m["gpu_indices"]) for m in alloc.members)
+        end = now if alloc.released_at is None else min(alloc.released_at, now)
+        start = min(alloc.created_at, end)
+        if half_life > 0 and gpus:
+            weight = half_life / math.log(2) * (2 ** (-(now - end) / half_life) - 2 ** (-(now - start) / half_life))
+            per_type = decayed.setdefault(job.tenant, {})
+            per_type[job.gpu_type] = per_type.get(job.gpu_type, 0.0) + gpus * weight
+        if alloc.state not in repo.LIVE_ALLOCATION_STATES:
+            continue
+        started = job.started_at if job.started_at is not None and job.attempt == alloc.attempt else alloc.created_at
+        running.append(
+            RunningJob(
+                id=job.id,
+                tenant=job.tenant,
+                attempt=alloc.attempt,
+                gpu_type=job.gpu_type,
+                gpu_count=gpus,
+                priority=job.priority,
+                members=tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members),
+                started_at=started,
+                expected_end=started + float(job.spec.get("max_runtime") or 3600.0),
+                last_checkpoint_at=job.latest_checkpoint_at if job.attempt == alloc.attempt else None,
+                preemptible=bool(job.spec.get("preemptible", True)),
+            )
+        )
+    tenants = tuple(
+        TenantView(
+            name=t.name,
+            weight=t.weight,
+            cohort=t.cohort,
+            quotas=tuple(
+                (gpu_type, Quota(nominal=int(q.get("nominal") or 0), borrow_limit=q.get("borrow_limit"), lend_limit=q.get("lend_limit")))
+                for gpu_type, q in sorted(t.quotas.items())
+            ),
+            decayed_usage=tuple(sorted(decayed.get(t.name, {}).items())),
+        )
+        for t in tenant_rows
+    )
+    return Snapshot(nodes=tuple(nodes), pending=pending, tenants=tenants, running=tuple(running), config=config, reservations=reservations)
 
 
 @dataclass

@@ -1,83 +1,426 @@
-"""One scheduling cycle: order the queue, place each job whole or not at all.
+"""One scheduling cycle: ``decisions = run_cycle(snapshot, now)``.
 
-This is the first-fit policy: jobs in (priority, age, id) order, single-node jobs on
-the first node with room, multi-node jobs on whole free nodes inside one domain of
-their topology level. It keeps the ``run_cycle(snapshot, now)`` contract that richer
-policies fill in.
+The phases (each a named function below; docs/scheduler.md states the policy):
+
+1. ``build_cycle``: the working copy of free GPUs with its indexes, the quota book, and
+   the running jobs by GPU type.
+2. ``restore_nominations``: a standing nomination whose victims still run keeps its
+   GPUs; one whose victims have stopped binds onto them.
+3. ``order_queue``: holders of standing reservations first, then weighted DRF across
+   tenants, priority with aging and age within a tenant.
+4. ``admit``, per job in that order: can the shape ever fit; quota; placement (honouring
+   reservations: EASY backfill); if blocked, a preemption plan when entitled; else the
+   first blocked job of its GPU type takes that type's reservation for this cycle.
+5. ``settle_reservations``: per GPU type, the blocked job that has waited longest (aged
+   priority) keeps or takes the reservation fed back next cycle (anti-starvation).
+6. ``fragmentation``: stranded GPUs and the largest gang placeable, per GPU type.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
 
-from scheduler.core.types import Bind, Decisions, Member, NodeView, PendingJob, Snapshot
+from scheduler.core.order import FairQueue, reservation_head_key, standing_key
+from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
+from scheduler.core.preempt import Plan, candidates, plan_preemption, preemptible_now
+from scheduler.core.quota import QuotaBook
+from scheduler.core.reserve import plan_reservation
+from scheduler.core.state import Pool, Workspace
+from scheduler.core.types import (
+    Bind,
+    Decisions,
+    Fragmentation,
+    Member,
+    PendingJob,
+    Preempt,
+    Reservation,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
 
 
-def queue_order_key(job: PendingJob) -> tuple[int, float, str]:
-    """Tie-breaks in order: 1. higher priority, 2. older, 3. job id."""
-    return (-job.priority, job.queued_at, job.id)
+@dataclass
+class Cycle:
+    """Everything one cycle knows and has decided so far."""
+
+    now: float
+    config: SchedulerConfig
+    ws: Workspace
+    book: QuotaBook
+    pending: dict[str, PendingJob]
+    running: dict[str, RunningJob]
+    running_by_type: dict[str, list[RunningJob]]
+    #: DRF denominators: GPUs per type.
+    capacity: dict[str, int]
+    standing: dict[str, Reservation]
+    binds: list[Bind] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    preemptions: list[Preempt] = field(default_factory=list)
+    nominations: list[Reservation] = field(default_factory=list)
+    #: GPU type -> (holder, its reservation): one EASY reservation per type.
+    easy: dict[str, tuple[PendingJob, Reservation]] = field(default_factory=dict)
+    #: GPU type -> jobs that are entitled (quota) but do not fit and have no preemption plan.
+    blocked: dict[str, list[PendingJob]] = field(default_factory=dict)
+    #: Jobs being preempted: never picked again.
+    stopping: set[str] = field(default_factory=set)
+    #: Nodes that carry a nomination: not offered to reservations.
+    nominated: set[int] = field(default_factory=set)
+    #: Jobs decided before phase 4 (nominations).
+    done: set[str] = field(default_factory=set)
+    plans_made: int = 0
+    #: GPU type -> running jobs that may be victims this cycle, cheapest first (built on first need).
+    victim_pool: dict[str, list[RunningJob]] = field(default_factory=dict)
+    #: Shape -> smallest GPU count that did not fit even ignoring reservations. Free GPUs
+    #: only shrink during phase 4, so every later job of that shape and at least that size fails too.
+    no_fit_from: dict[tuple[str, int, bool], int] = field(default_factory=dict)
+    never: dict[tuple[str, int, str, bool], str | None] = field(default_factory=dict)
+    quota_texts: dict[tuple[str, str, int], str] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
-    """Decide which queued jobs start now and on which GPUs.
+    """Decide which queued jobs start now, on which GPUs, what to preempt, and why the rest wait.
 
     Args:
-        snapshot: nodes with their free GPUs, and the queued jobs.
+        snapshot: the fleet, the queue, running jobs, tenants, config and standing reservations.
         now: the cycle's clock (injected; the core never reads a clock).
 
     Returns:
-        Bindings in order, and a pending reason for every job left waiting.
+        Bindings in commit order, preemptions, reservations (feed them back as
+        ``Snapshot.reservations``), a pending reason for every job left waiting, and fragmentation.
     """
-    del now  # first-fit does not look at time; richer policies do
-    # 1. Working copy of free GPUs, which tentative bindings consume.
-    free: dict[str, set[int]] = {n.id: set(n.free) for n in snapshot.nodes if n.schedulable}
-    nodes = sorted((n for n in snapshot.nodes if n.schedulable), key=lambda n: n.id)
-    binds: list[Bind] = []
-    reasons: dict[str, str] = {}
-    # 2. Walk the queue in order; each job is placed whole or not at all.
-    for job in sorted(snapshot.pending, key=queue_order_key):
-        candidates = [n for n in nodes if n.gpu_type == job.gpu_type]
-        members, reason = _place(job, candidates, free)
-        if members is None:
-            reasons[job.id] = reason
+    # 1. Working copy, indexes, quota book.
+    cycle = build_cycle(snapshot, now)
+    # 2. Standing nominations.
+    restore_nominations(cycle, snapshot.reservations)
+    # 3. Order.
+    queue = order_queue(cycle)
+    # 4. Admit in order.
+    for job in queue:
+        admit(cycle, job)
+    # 5. Reservation heads.
+    settle_reservations(cycle)
+    # 6. Output.
+    reservations = [res for _, (_, res) in sorted(cycle.easy.items())] + cycle.nominations
+    return Decisions(
+        binds=tuple(cycle.binds),
+        pending_reasons=cycle.reasons,
+        preemptions=tuple(cycle.preemptions),
+        reservations=tuple(reservations),
+        fragmentation=fragmentation(cycle.ws),
+    )
+
+
+def queue_order_key(job: PendingJob) -> tuple[int, float, float, str]:
+    """A clock-free approximation of the order, for listings that have no snapshot: 1. higher priority,
+    2. submitted earlier, 3. queued earlier, 4. job id. Prefer :func:`queue_order`, which is the cycle's own."""
+    since = job.submitted_at if job.submitted_at is not None else job.queued_at
+    return (-job.priority, since, job.queued_at, job.id)
+
+
+def queue_order(snapshot: Snapshot, now: float) -> list[str]:
+    """Pending job ids in the order phase 4 would consider them if nothing were bound (for queue listings)."""
+    cycle = build_cycle(snapshot, now)
+    return [job.id for job in order_queue(cycle)]
+
+
+# ---------------------------------------------------------------- 1. build
+
+
+def build_cycle(snapshot: Snapshot, now: float) -> Cycle:
+    """Phase 1: index the fleet, count usage against quotas, group running jobs by GPU type."""
+    ws = Workspace(snapshot, now)
+    running = sorted(snapshot.running, key=lambda r: r.id)
+    by_type: dict[str, list[RunningJob]] = {}
+    for job in running:
+        by_type.setdefault(job.gpu_type, []).append(job)
+    pending: dict[str, PendingJob] = {}
+    for waiting in sorted(snapshot.pending, key=lambda j: (j.id, j.attempt)):
+        pending[waiting.id] = waiting
+    standing: dict[str, Reservation] = {}
+    for res in sorted(snapshot.reservations, key=standing_key):
+        if res.job_id in pending and res.job_id not in standing:
+            standing[res.job_id] = res
+    return Cycle(
+        now=now,
+        config=snapshot.config,
+        ws=ws,
+        book=QuotaBook(snapshot.tenants, snapshot.running),
+        pending=pending,
+        running={job.id: job for job in running},
+        running_by_type=by_type,
+        capacity={t: p.capacity for t, p in ws.pools.items()},
+        standing=standing,
+    )
+
+
+# ---------------------------------------------------------------- 2. nominations
+
+
+def restore_nominations(cycle: Cycle, standing: tuple[Reservation, ...]) -> None:
+    """Phase 2: keep nominated GPUs for their preemptor while the victims stop; bind once they have.
+
+    A nomination is void (and its job goes through phase 4 again) when a planned GPU is
+    neither free nor held by one of its victims, or its GPU type has no schedulable node.
+    """
+    del standing  # cycle.standing holds the ones that still matter, in standing_key order
+    ws = cycle.ws
+    for res in cycle.standing.values():
+        job = cycle.pending[res.job_id]
+        pool = ws.pools.get(job.gpu_type)
+        if not res.victims or not res.members or pool is None:
             continue
-        for member in members:
-            free[member.node_id].difference_update(member.gpu_indices)
-        binds.append(Bind(job_id=job.id, attempt=job.attempt, members=members))
-    return Decisions(binds=tuple(binds), pending_reasons=reasons)
+        still = [cycle.running[v] for v in res.victims if v in cycle.running]
+        victim_gpus = {(m.node_id, g) for v in still for m in v.members for g in m.gpu_indices}
+        planned = [(m.node_id, g) for m in res.members for g in m.gpu_indices]
+        nodes_ok = all(node_id in ws.by_id and ws.by_id[node_id].gpu_type == job.gpu_type for node_id, _ in planned)
+        if not nodes_ok or sum(len(m.gpu_indices) for m in res.members) != job.gpu_count:
+            continue
+        if not all(g in ws.by_id[n].free or (n, g) in victim_gpus for n, g in planned):
+            continue
+        if not still:
+            if cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count):
+                bind(cycle, pool, job, res.members, None)
+                cycle.done.add(job.id)
+            continue
+        for member in res.members:
+            node = ws.by_id[member.node_id]
+            free_now = tuple(g for g in member.gpu_indices if g in node.free)
+            if free_now:
+                ws.take(node, free_now)
+            cycle.nominated.add(node.ord)
+        ws.commit()
+        cycle.stopping.update(v.id for v in still)
+        reason = res.reason or "reclaim"
+        cycle.preemptions.extend(Preempt(job_id=v.id, attempt=v.attempt, for_job=job.id, reason=reason) for v in still)
+        cycle.nominations.append(
+            Reservation(
+                job_id=job.id,
+                node_ids=res.node_ids,
+                start_at=res.start_at,
+                victims=tuple(v.id for v in still),
+                members=res.members,
+                reason=reason,
+            )
+        )
+        cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(v.id for v in still)
+        cycle.done.add(job.id)
 
 
-def _place(job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]) -> tuple[tuple[Member, ...] | None, str]:
-    if not nodes:
-        return None, f"no schedulable {job.gpu_type} node"
-    biggest = max(n.gpu_count for n in nodes)
-    if job.gpu_count <= biggest:
-        for node in nodes:
-            if len(free[node.id]) >= job.gpu_count:
-                gpus = tuple(sorted(free[node.id])[: job.gpu_count])
-                return (Member(node_id=node.id, gpu_indices=gpus, rank=0),), ""
-        return None, f"no {job.gpu_type} node has {job.gpu_count} free GPUs"
-    return _place_multi_node(job, nodes, free)
+# ---------------------------------------------------------------- 3. order
 
 
-def _place_multi_node(job: PendingJob, nodes: Sequence[NodeView], free: dict[str, set[int]]) -> tuple[tuple[Member, ...] | None, str]:
-    whole = [n for n in nodes if len(free[n.id]) == n.gpu_count and job.gpu_count % n.gpu_count == 0]
-    level = job.topology_level
-    groups: dict[str, list[NodeView]] = {}
-    for node in whole:
-        key = "*" if level == "any" else node.domain(level)
-        if key is not None:
-            groups.setdefault(key, []).append(node)
-    for key in sorted(groups):
-        chosen: list[NodeView] = []
-        remaining = job.gpu_count
-        for node in groups[key]:
-            if remaining <= 0:
-                break
-            chosen.append(node)
-            remaining -= node.gpu_count
-        if remaining == 0:
-            members = tuple(Member(node_id=n.id, gpu_indices=tuple(sorted(free[n.id])), rank=rank) for rank, n in enumerate(chosen))
-            return members, ""
-    where = "" if level == "any" else f" in one {level}"
-    return None, f"not enough whole free {job.gpu_type} nodes{where} for {job.gpu_count} GPUs"
+def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
+    """Phase 3: 1. holders of standing reservations (earliest start first), 2. the rest in weighted DRF order.
+
+    The DRF part is lazy: a tenant's share is recomputed after each of its binds.
+    """
+    first = [cycle.pending[job_id] for job_id in cycle.standing if job_id not in cycle.done]
+    taken = cycle.done | {job.id for job in first}
+    rest = [job for job_id, job in cycle.pending.items() if job_id not in taken]
+    return chain(first, FairQueue(rest, cycle.book, cycle.capacity, cycle.now, cycle.config))
+
+
+# ---------------------------------------------------------------- 4. admit
+
+
+def admit(cycle: Cycle, job: PendingJob) -> None:
+    """Phase 4 for one job: bind it, plan a preemption for it, reserve for it, or say why it waits."""
+    ws = cycle.ws
+    pool = ws.pools.get(job.gpu_type)
+    shape = (job.gpu_type, job.gpu_count, job.topology_level, job.topology_required)
+    if shape not in cycle.never:
+        cycle.never[shape] = never_fits(ws, pool, job, pool is not None)
+    never = cycle.never[shape]
+    if never is not None or pool is None:
+        cycle.reasons[job.id] = never or f"node shape can never fit: no {job.gpu_type} node"
+        return
+    if not cycle.config.backfill and job.gpu_type in cycle.easy:
+        cycle.reasons[job.id] = f"reserved behind job {cycle.easy[job.gpu_type][0].id} (backfill is off)"
+        return
+    end = cycle.now + job.max_runtime_s
+    entitled = cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count)
+    cache_key = _fit_key(ws.upper, pool, job)
+    hopeless = job.gpu_count >= cycle.no_fit_from.get(cache_key, 1 << 62)
+    if entitled and not hopeless:
+        members = place(ws, pool, job, end)
+        if members is not None:
+            bind(cycle, pool, job, members, end)
+            return
+    fits = False if hopeless or (entitled and not pool.holds) else fits_ignoring_holds(ws, pool, job)
+    if not fits and not hopeless:
+        cycle.no_fit_from[cache_key] = job.gpu_count
+    if not entitled:
+        cycle.reasons[job.id] = no_fit_reason(job, pool) if not fits else _over_quota(cycle, job)
+        return
+    if fits:
+        ignoring = place(ws, pool, job, None)
+        assert ignoring is not None
+        cycle.reasons[job.id] = f"reserved behind job {_blocking_holder(pool, ws, ignoring, job)}"
+        return
+    plan = _try_preemption(cycle, pool, job, end)
+    if plan is not None:
+        commit_plan(cycle, job, plan)
+        return
+    cycle.blocked.setdefault(job.gpu_type, []).append(job)
+    cycle.reasons[job.id] = no_fit_reason(job, pool)
+    if job.gpu_type not in cycle.easy:
+        reserve(cycle, pool, job)
+
+
+def _over_quota(cycle: Cycle, job: PendingJob) -> str:
+    key = (job.tenant, job.gpu_type, cycle.book.tenant(job.tenant).version)
+    text = cycle.quota_texts.get(key)
+    if text is None:
+        text = cycle.quota_texts[key] = "over quota: " + cycle.book.headroom(job.tenant, job.gpu_type)
+    return text
+
+
+def _fit_key(upper: tuple[str, ...], pool: Pool, job: PendingJob) -> tuple[str, int, bool]:
+    """Jobs with the same key fail alike: single-node jobs of a type; gangs of a type under the same cap."""
+    if job.gpu_count <= pool.max_size:
+        return (job.gpu_type, -2, False)
+    if job.topology_level == "any" or not job.topology_required:
+        return (job.gpu_type, len(upper), True)
+    cap = level_index(upper, job.topology_level)
+    return (job.gpu_type, -1 if cap is None else cap, False)
+
+
+def no_fit_reason(job: PendingJob, pool: Pool) -> str:
+    """Why a job that an emptier fleet could hold does not fit now."""
+    if not pool.nodes:
+        return f"no schedulable {job.gpu_type} node"
+    if job.gpu_count <= pool.max_size:
+        return f"no {job.gpu_type} node has {job.gpu_count} free GPUs"
+    where = f" in one {job.topology_level}" if job.topology_level != "any" and job.topology_required else ""
+    return f"no topology domain fits: not enough wholly free {job.gpu_type} nodes{where} for {job.gpu_count} GPUs"
+
+
+def _blocking_holder(pool: Pool, ws: Workspace, members: tuple[Member, ...], job: PendingJob) -> str:
+    for member in members:
+        hold = pool.holds.get(ws.by_id[member.node_id].ord)
+        if hold is not None and hold.job_id != job.id:
+            return hold.job_id
+    return min(h.job_id for h in pool.holds.values())
+
+
+def bind(cycle: Cycle, pool: Pool, job: PendingJob, members: tuple[Member, ...], end: Respect) -> None:
+    """Commit a placement on the working copy: GPUs taken, quota counted, reservation spare used."""
+    ws = cycle.ws
+    job_end = cycle.now + job.max_runtime_s if end is None else end
+    for member in members:
+        node = ws.by_id[member.node_id]
+        ws.take(node, member.gpu_indices)
+        node.ends.append((job_end, len(member.gpu_indices)))
+        hold = pool.holds.get(node.ord)
+        if hold is not None and hold.job_id != job.id and job_end > hold.start_at:
+            hold.spare -= len(member.gpu_indices)
+    ws.commit()
+    cycle.book.add(job.tenant, job.gpu_type, job.gpu_count)
+    cycle.binds.append(Bind(job_id=job.id, attempt=job.attempt, members=members))
+
+
+def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Plan | None:
+    if cycle.plans_made >= cycle.config.max_preemption_plans:
+        return None
+    if job.gpu_type not in cycle.victim_pool:
+        running = cycle.running_by_type.get(job.gpu_type, [])
+        cycle.victim_pool[job.gpu_type] = preemptible_now(running, cycle.ws.by_id, cycle.now, cycle.config)
+    eligible = candidates(cycle.book, job, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.now, cycle.config)
+    first = next(eligible, None)
+    if first is None:
+        return None
+    cycle.plans_made += 1
+    eligible = chain([first], eligible)
+    return plan_preemption(cycle.ws, pool, cycle.book, job, eligible, end)
+
+
+def commit_plan(cycle: Cycle, job: PendingJob, plan: Plan) -> None:
+    """Nominate ``job``: preempt the victims, hold the planned GPUs that are free now, reserve the nodes."""
+    ws = cycle.ws
+    for member in plan.members:
+        node = ws.by_id[member.node_id]
+        free_now = tuple(g for g in member.gpu_indices if g in node.free)
+        if free_now:
+            ws.take(node, free_now)
+        cycle.nominated.add(node.ord)
+    ws.commit()
+    reason = plan.victims[0][1]
+    for victim, why in plan.victims:
+        cycle.stopping.add(victim.id)
+        cycle.preemptions.append(Preempt(job_id=victim.id, attempt=victim.attempt, for_job=job.id, reason=why))
+    if any(why == "priority" for _, why in plan.victims):
+        reason = "priority"
+    cycle.nominations.append(
+        Reservation(
+            job_id=job.id,
+            node_ids=tuple(m.node_id for m in plan.members),
+            start_at=cycle.now,
+            victims=tuple(v.id for v, _ in plan.victims),
+            members=plan.members,
+            reason=reason,
+        )
+    )
+    cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(v.id for v, _ in plan.victims)
+
+
+def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:
+    """Give ``job`` its GPU type's reservation for the rest of the cycle. False when nothing ever frees."""
+    planned = plan_reservation(cycle.ws, pool, job, cycle.nominated)
+    if planned is None:
+        return False
+    nodes, start_at, holds = planned
+    for node, hold in zip(nodes, holds, strict=True):
+        pool.holds[node.ord] = hold
+    res = Reservation(job_id=job.id, node_ids=tuple(sorted(n.id for n in nodes)), start_at=start_at)
+    cycle.easy[job.gpu_type] = (job, res)
+    cycle.reasons[job.id] = no_fit_reason(job, pool) + f"; holds a reservation on {_node_list(res.node_ids)} from t={start_at:.0f}"
+    return True
+
+
+def _node_list(node_ids: tuple[str, ...]) -> str:
+    return ", ".join(node_ids) if len(node_ids) <= 4 else f"{', '.join(node_ids[:4])} and {len(node_ids) - 4} more"
+
+
+# ---------------------------------------------------------------- 5. settle
+
+
+def settle_reservations(cycle: Cycle) -> None:
+    """Phase 5: per GPU type, the reservation fed back next cycle goes to the blocked job with the best
+    :func:`reservation_head_key`, unless it already belongs to a standing holder that is still blocked.
+
+    Phase 4 gave it to the first blocked job in fair order (protecting this cycle); across
+    cycles it goes to whoever has waited longest, so no stream of jobs ahead in fair order
+    can keep a big gang from ever being protected.
+    """
+    for gpu_type in sorted(cycle.blocked):
+        blocked = cycle.blocked[gpu_type]
+        current = cycle.easy.get(gpu_type)
+        if current is not None and current[0].id in cycle.standing:
+            continue
+        head = min(blocked, key=lambda j: reservation_head_key(j, cycle.now, cycle.config))
+        if current is not None and current[0].id == head.id:
+            continue
+        pool = cycle.ws.pools[gpu_type]
+        if current is not None:
+            for ordinal in [o for o, h in pool.holds.items() if h.job_id == current[0].id]:
+                del pool.holds[ordinal]
+            del cycle.easy[gpu_type]
+            cycle.reasons[current[0].id] = no_fit_reason(current[0], pool)
+        if not reserve(cycle, pool, head) and current is not None:
+            reserve(cycle, pool, current[0])
+
+
+# ---------------------------------------------------------------- 6. fragmentation
+
+
+def fragmentation(ws: Workspace) -> Fragmentation:
+    """Per GPU type, after this cycle's binds: free GPUs on partly used nodes, and the largest gang placeable now."""
+    stranded, largest = [], []
+    for gpu_type, pool in sorted(ws.pools.items()):
+        stranded.append((gpu_type, sum(len(n.free) for n in pool.nodes if 0 < len(n.free) < n.size)))
+        single = max((f for f in range(len(pool.buckets)) if pool.buckets[f]), default=0)
+        largest.append((gpu_type, max(single, pool.whole_total * pool.big)))
+    return Fragmentation(stranded_gpus=tuple(stranded), largest_placeable=tuple(largest))

@@ -123,6 +123,8 @@ class SchedulerConfig:
     min_runtime_before_preempt_s: float = 600.0
     #: EASY backfill behind the head job's reservation.
     backfill: bool = True
+    #: Most new preemption plans (one per preemptor) one cycle makes; bounds the cycle's cost.
+    max_preemption_plans: int = 8
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,10 @@ class Snapshot:
     tenants: tuple[TenantView, ...] = ()
     running: tuple[RunningJob, ...] = ()
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: The previous committed cycle's ``Decisions.reservations``, fed back unchanged. Holders of
+    #: standing reservations go first, and a nomination (a reservation with victims) keeps its
+    #: GPUs while its victims stop. Empty: every reservation is made afresh (in-cycle EASY only).
+    reservations: tuple[Reservation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,12 @@ class Reservation:
     node_ids: tuple[str, ...]
     #: When the reserved nodes are expected to be free (the shadow time).
     start_at: float
+    #: A nomination: the running jobs being preempted so that this job gets their GPUs.
+    victims: tuple[str, ...] = ()
+    #: For a nomination, the exact GPUs the job will be bound to once the victims stop.
+    members: tuple[Member, ...] = ()
+    #: For a nomination, the preemption reason ("priority", "reclaim" or "max_wait").
+    reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Preemption planning (SPEC R5.2): the cheapest victims that let a blocked job start.
+
+Who may be a victim of job P (same GPU type, on a schedulable node), never a job that is
+not preemptible, has run less than ``min_runtime_before_preempt_s`` since it started, or
+is already being preempted; and only for one of these reasons, tried in this order:
+
+1. "priority": a job of P's own tenant with a lower priority class;
+2. "reclaim": P stays within its tenant's nominal quota, and the victim's tenant is
+   borrowing that GPU type (uses more than its nominal, still counting the victims
+   already chosen): borrowed GPUs go back to their owner;
+3. "max_wait": P has waited ``max_wait_s`` or longer, the victim belongs to another
+   tenant, has itself run ``max_wait_s`` or longer since it started, and its priority is
+   below P's aged priority; and its tenant is borrowing (or quotas are off), so nobody is
+   pushed under its guarantee. This is time slicing: a preempted job requeues with its
+   age and may take GPUs back, but only from a job that has run ``max_wait_s`` too, so two
+   jobs can never ping-pong faster than that, and each makes progress in every slice.
+
+The plan, like Kueue's: take candidates cheapest first (:func:`victim_cost_key`),
+release each on the workspace and try to place P; once P fits, put back each chosen
+victim, most expensive first, that P can do without. Everything is rolled back at the
+end: the victims still hold their GPUs until they have checkpointed and stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Iterator
+from dataclasses import dataclass
+
+from scheduler.core.order import aged_priority, victim_cost_key, waited_s
+from scheduler.core.placement import Respect, place
+from scheduler.core.quota import QuotaBook
+from scheduler.core.state import NodeState, Pool, Workspace
+from scheduler.core.types import Member, PendingJob, RunningJob, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where P goes once the victims stop."""
+
+    members: tuple[Member, ...]
+    #: (victim, reason), cheapest first.
+    victims: tuple[tuple[RunningJob, str], ...]
+
+
+def victim_reason(job: PendingJob, victim: RunningJob, book: QuotaBook, now: float, config: SchedulerConfig) -> str | None:
+    """Why ``victim`` may be preempted for ``job`` (ignoring borrowing, checked while planning), or None."""
+    if victim.tenant == job.tenant and victim.priority < job.priority:
+        return "priority"
+    if victim.tenant != job.tenant and book.within_nominal(job.tenant, job.gpu_type, job.gpu_count):
+        return "reclaim"
+    if (
+        victim.tenant != job.tenant
+        and waited_s(job, now) >= config.max_wait_s
+        and now - victim.started_at >= config.max_wait_s
+        and victim.priority < aged_priority(job, now, config)
+    ):
+        return "max_wait"
+    return None
+
+
+def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: QuotaBook) -> bool:
+    return book.enabled and victim.tenant != job.tenant and reason in ("reclaim", "max_wait")
+
+
+def preemptible_now(running: list[RunningJob], nodes: Container[str], now: float, config: SchedulerConfig) -> list[RunningJob]:
+    """Running jobs that could be victims at all this cycle, cheapest first (computed once per GPU type)."""
+    found = [
+        job
+        for job in running
+        if job.preemptible and now - job.started_at >= config.min_runtime_before_preempt_s and any(m.node_id in nodes for m in job.members)
+    ]
+    found.sort(key=lambda job: victim_cost_key(job, now))
+    return found
+
+
+def candidates(
+    book: QuotaBook, job: PendingJob, pool: list[RunningJob], stopping: set[str], now: float, config: SchedulerConfig
+) -> Iterator[tuple[RunningJob, str]]:
+    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), cheapest first, lazily:
+    a plan stops reading once the job fits."""
+    for victim in pool:
+        if victim.id in stopping:
+            continue
+        reason = victim_reason(job, victim, book, now, config)
+        if reason is None:
+            continue
+        if _needs_borrowing(job, victim, reason, book) and not book.borrowing(victim.tenant, job.gpu_type):
+            continue
+        yield victim, reason
+
+
+def _victim_gpus(ws: Workspace, victim: RunningJob) -> list[tuple[NodeState, tuple[int, ...]]]:
+    out = []
+    for member in victim.members:
+        node = ws.by_id.get(member.node_id)
+        if node is not None:
+            gpus = tuple(g for g in member.gpu_indices if g not in node.free and g < node.size)
+            if gpus:
+                out.append((node, gpus))
+    return out
+
+
+def plan_preemption(
+    ws: Workspace, pool: Pool, book: QuotaBook, job: PendingJob, eligible: Iterable[tuple[RunningJob, str]], respect: Respect
+) -> Plan | None:
+    """The cheapest victim set that lets ``job`` be placed, or None. Leaves the workspace as it found it."""
+    start = ws.mark()
+    chosen: list[tuple[RunningJob, str, list[tuple[NodeState, tuple[int, ...]]]]] = []
+    given: dict[str, int] = {}
+    fits = False
+    for victim, reason in eligible:
+        if _needs_borrowing(job, victim, reason, book) and not book.borrowing(victim.tenant, job.gpu_type, given.get(victim.tenant, 0)):
+            continue
+        released = _victim_gpus(ws, victim)
+        for node, gpus in released:
+            ws.give(node, gpus)
+        given[victim.tenant] = given.get(victim.tenant, 0) + victim.gpu_count
+        chosen.append((victim, reason, released))
+        if place(ws, pool, job, respect) is not None:
+            fits = True
+            break
+    if not fits:
+        ws.rollback(start)
+        return None
+    # Minimise: the last victim made it fit; any earlier one P can do without goes back.
+    for index in range(len(chosen) - 2, -1, -1):
+        before = ws.mark()
+        for node, gpus in chosen[index][2]:
+            ws.take(node, gpus)
+        if place(ws, pool, job, respect) is None:
+            ws.rollback(before)
+        else:
+            del chosen[index]
+    members = place(ws, pool, job, respect)
+    ws.rollback(start)
+    assert members is not None
+    return Plan(members=members, victims=tuple((victim, reason) for victim, reason, _ in chosen))

@@ -1,0 +1,85 @@
+"""EASY-backfill reservations: where and when a blocked job will fit, from expected ends.
+
+A node's GPUs come free at the expected ends of the jobs on it (running jobs' expected
+end, this cycle's binds at now + max runtime). For a single-node job, each node's
+earliest time with ``count`` free GPUs; the reservation takes the earliest (ties: the
+node with fewer spare GPUs then, then node id). For a gang, each full-size node's time of
+being wholly free; per domain at each allowed level the ``need``-th earliest is when that
+domain could hold the gang; the reservation takes the earliest such time (ties: the
+lower level, then the domain key) and its ``need`` earliest nodes.
+
+Nodes already held (another reservation or a nomination) are not considered.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.core.placement import level_index
+from scheduler.core.state import DomainKey, Hold, NodeState, Pool, Workspace
+from scheduler.core.types import PendingJob
+
+INF = math.inf
+
+
+def free_at(node: NodeState, count: int, now: float) -> tuple[float, int]:
+    """Earliest time the node has ``count`` free GPUs, and how many it has free then."""
+    free = len(node.free)
+    if free >= count:
+        return now, free
+    for end, gpus in sorted(node.ends):
+        free += gpus
+        if free >= count:
+            return max(end, now), free
+    return INF, free
+
+
+def plan_reservation(ws: Workspace, pool: Pool, job: PendingJob, excluded: set[int]) -> tuple[list[NodeState], float, list[Hold]] | None:
+    """The nodes to hold for ``job``, the shadow time, and the holds; None when nothing ever frees."""
+    now = ws.now
+    candidates = [n for n in pool.nodes if n.ord not in pool.holds and n.ord not in excluded]
+    if job.gpu_count <= pool.max_size:
+        best: tuple[float, int, int] | None = None
+        for node in candidates:
+            if node.size < job.gpu_count:
+                continue
+            at, free = free_at(node, job.gpu_count, now)
+            if at < INF and (best is None or (at, free - job.gpu_count, node.ord) < best):
+                best = (at, free - job.gpu_count, node.ord)
+        if best is None:
+            return None
+        at, spare, ordinal = best
+        return [ws.nodes[ordinal]], at, [Hold(job_id=job.id, start_at=at, spare=spare)]
+    need = math.ceil(job.gpu_count / pool.big) if pool.big else 0
+    if need <= 0:
+        return None
+    levels = len(ws.upper)
+    top, spanning = levels - 1, True
+    if job.topology_level != "any" and job.topology_required:
+        cap = level_index(ws.upper, job.topology_level)
+        if cap is None or cap < 0:
+            return None
+        top, spanning = cap, False
+    groups: dict[tuple[int, DomainKey], list[tuple[float, int]]] = {}
+    for node in candidates:
+        if node.size != pool.big:
+            continue
+        at, _ = free_at(node, node.size, now)
+        if at == INF:
+            continue
+        for level in range(0, top + 1):
+            groups.setdefault((level, node.domains[level]), []).append((at, node.ord))
+        if spanning:
+            groups.setdefault((levels, ()), []).append((at, node.ord))
+    choice: tuple[float, int, DomainKey] | None = None
+    for (level, key), times in groups.items():
+        if len(times) >= need:
+            times.sort()
+            option = (times[need - 1][0], level, key)
+            if choice is None or option < choice:
+                choice = option
+    if choice is None:
+        return None
+    at, level, key = choice
+    chosen = [ws.nodes[ordinal] for _, ordinal in groups[(level, key)][:need]]
+    return chosen, at, [Hold(job_id=job.id, start_at=at, spare=0) for _ in chosen]

@@ -1,0 +1,218 @@
+"""The cycle's working copy of the fleet: indexed for fast placement, changed only through a journal.
+
+Every change of a node's free GPUs goes through :meth:`Workspace.take` or
+:meth:`Workspace.give`, which log their inverse. ``mark()`` / ``rollback(mark)`` undo
+everything since the mark in O(GPUs touched), so a gang that does not fit, or a
+preemption "what if", leaves no trace (Kueue's revert closures, Volcano's statements).
+
+Indexes, per GPU type (a :class:`Pool`), kept current on every change:
+
+- ``buckets[f]``: schedulable nodes with exactly ``f`` free GPUs, in node-id order, so
+  best-fit for a single-node job is a walk up from ``f = count``;
+- ``whole[level][domain]``: per topology domain, how many of its full-size nodes are
+  wholly free, so a gang is a lookup of domain counts, not a scan of nodes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+from scheduler.core.types import NodeView, RunningJob, Snapshot
+
+#: A domain at some level: the node's label values from that level up to the top.
+DomainKey = tuple[str, ...]
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One schedulable node in the working copy."""
+
+    ord: int
+    id: str
+    gpu_type: str
+    size: int
+    free: set[int]
+    #: Domain key per upper level (index 0 = the level just above "node").
+    domains: tuple[DomainKey, ...]
+    #: (expected end, GPUs) of every job holding GPUs here, including this cycle's binds.
+    ends: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Hold:
+    """A reservation's claim on one node for the rest of the cycle (EASY backfill)."""
+
+    job_id: str
+    start_at: float
+    #: GPUs of this node the holder will not need at ``start_at``: long jobs may use them.
+    spare: int
+    #: Nothing else may use the node (backfill disabled).
+    hard: bool = False
+
+
+@dataclass(slots=True)
+class Pool:
+    """All nodes of one GPU type, with their indexes."""
+
+    gpu_type: str
+    #: Schedulable nodes in id order.
+    nodes: list[NodeState]
+    #: GPUs of this type on every node, schedulable or not (the DRF denominator).
+    capacity: int
+    #: The largest node of this type (schedulable or not): what "can never fit" is judged on.
+    max_size: int
+    #: The largest schedulable node; only nodes of this size take part in multi-node gangs.
+    big: int
+    buckets: list[list[int]]
+    #: whole[level][domain] = wholly free big nodes in the domain.
+    whole: list[dict[DomainKey, int]]
+    whole_total: int
+    #: children[level][domain] = its child domains one level down, sorted (level >= 1).
+    children: list[dict[DomainKey, list[DomainKey]]]
+    #: Big nodes per lowest-level domain, in id order.
+    members: dict[DomainKey, list[NodeState]]
+    #: static[level][domain] = GPUs of full-size nodes in the domain, schedulable or not.
+    static: list[dict[DomainKey, int]]
+    #: GPUs of full-size nodes in the whole pool, schedulable or not.
+    static_total: int
+    holds: dict[int, Hold] = field(default_factory=dict)
+
+
+def _domain_keys(node: NodeView, upper: tuple[str, ...]) -> tuple[DomainKey, ...]:
+    values = tuple(node.domain(level) or "-" for level in upper)
+    return tuple(values[i:] for i in range(len(upper)))
+
+
+class Workspace:
+    """Free GPUs per node, the per-type indexes, and the journal that undoes changes."""
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.now = now
+        self.upper: tuple[str, ...] = tuple(level for level in snapshot.topology_levels if level != "node")
+        held = _gpus_held_by_running(snapshot.running)
+        all_nodes = sorted(snapshot.nodes, key=lambda n: n.id)
+        self.nodes: list[NodeState] = []
+        self.by_id: dict[str, NodeState] = {}
+        by_type: dict[str, list[NodeView]] = {}
+        for view in all_nodes:
+            by_type.setdefault(view.gpu_type, []).append(view)
+        self.pools: dict[str, Pool] = {}
+        for gpu_type in sorted(by_type):
+            self.pools[gpu_type] = self._build_pool(gpu_type, by_type[gpu_type], held)
+        for running in sorted(snapshot.running, key=lambda r: r.id):
+            end = max(running.expected_end, now)
+            for member in running.members:
+                node = self.by_id.get(member.node_id)
+                if node is not None:
+                    node.ends.append((end, len(member.gpu_indices)))
+        self._journal: list[tuple[NodeState, tuple[int, ...], bool]] = []
+
+    def _build_pool(self, gpu_type: str, views: list[NodeView], held: dict[str, set[int]]) -> Pool:
+        levels = len(self.upper)
+        sched = [v for v in views if v.schedulable]
+        max_size = max(v.gpu_count for v in views)
+        big = max((v.gpu_count for v in sched), default=0)
+        pool = Pool(
+            gpu_type=gpu_type,
+            nodes=[],
+            capacity=sum(v.gpu_count for v in views),
+            max_size=max_size,
+            big=big,
+            buckets=[[] for _ in range(max_size + 1)],
+            whole=[{} for _ in range(levels)],
+            whole_total=0,
+            children=[{} for _ in range(levels)],
+            members={},
+            static=[{} for _ in range(levels)],
+            static_total=sum(v.gpu_count for v in views if v.gpu_count == max_size),
+        )
+        keys_by_labels: dict[tuple[tuple[str, str], ...], tuple[DomainKey, ...]] = {}
+        for view in views:
+            keys = keys_by_labels.get(view.labels)
+            if keys is None:
+                keys = keys_by_labels[view.labels] = _domain_keys(view, self.upper)
+            if view.gpu_count == max_size:
+                for i, key in enumerate(keys):
+                    pool.static[i][key] = pool.static[i].get(key, 0) + view.gpu_count
+            if not view.schedulable:
+                continue
+            free = {g for g in view.free if 0 <= g < view.gpu_count} - held.get(view.id, set())
+            node = NodeState(ord=len(self.nodes), id=view.id, gpu_type=gpu_type, size=view.gpu_count, free=free, domains=keys)
+            self.nodes.append(node)
+            self.by_id[node.id] = node
+            pool.nodes.append(node)
+            pool.buckets[len(free)].append(node.ord)
+            if view.gpu_count != big:
+                continue
+            for i, key in enumerate(keys):
+                pool.whole[i].setdefault(key, 0)
+                if i == 0:
+                    pool.members.setdefault(key, []).append(node)
+                else:
+                    kids = pool.children[i].setdefault(key, [])
+                    if keys[i - 1] not in kids:
+                        kids.append(keys[i - 1])
+            if len(free) == node.size:
+                self._count_whole(pool, node, +1)
+        for level in pool.children:
+            for kids in level.values():
+                kids.sort()
+        return pool
+
+    @staticmethod
+    def _count_whole(pool: Pool, node: NodeState, delta: int) -> None:
+        for i, key in enumerate(node.domains):
+            pool.whole[i][key] += delta
+        pool.whole_total += delta
+
+    # ------------------------------------------------------------ changes
+
+    def take(self, node: NodeState, gpus: tuple[int, ...]) -> None:
+        """Mark ``gpus`` of ``node`` used (a bind, a hold, or a victim put back)."""
+        self._change(node, gpus, add=False)
+        self._journal.append((node, gpus, False))
+
+    def give(self, node: NodeState, gpus: tuple[int, ...]) -> None:
+        """Mark ``gpus`` of ``node`` free (a victim's GPUs in a preemption "what if")."""
+        self._change(node, gpus, add=True)
+        self._journal.append((node, gpus, True))
+
+    def mark(self) -> int:
+        """A point to roll back to."""
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        """Undo every change since ``mark``, newest first."""
+        while len(self._journal) > mark:
+            node, gpus, added = self._journal.pop()
+            self._change(node, gpus, add=not added)
+
+    def commit(self) -> None:
+        """Forget the journal: what was done stays done."""
+        self._journal.clear()
+
+    def _change(self, node: NodeState, gpus: tuple[int, ...], *, add: bool) -> None:
+        pool = self.pools[node.gpu_type]
+        before = len(node.free)
+        if add:
+            node.free.update(gpus)
+        else:
+            node.free.difference_update(gpus)
+        after = len(node.free)
+        if before == after:
+            return
+        bucket = pool.buckets[before]
+        del bucket[bisect_left(bucket, node.ord)]
+        insort(pool.buckets[after], node.ord)
+        if node.size == pool.big and (before == node.size) != (after == node.size):
+            self._count_whole(pool, node, +1 if after == node.size else -1)
+
+
+def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:
+    """GPUs of running jobs, which are never free whatever a node view says."""
+    held: dict[str, set[int]] = {}
+    for job in running:
+        for member in job.members:
+            held.setdefault(member.node_id, set()).update(member.gpu_indices)
+    return held

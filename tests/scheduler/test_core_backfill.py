@@ -1,0 +1,161 @@
+"""Anti-starvation: EASY reservations with backfill, standing reservations, aging, max wait (issue 4, point 4)."""
+
+from __future__ import annotations
+
+from scheduler.core import Reservation, SchedulerConfig, run_cycle
+from tests.scheduler.test_core_builders import H, Sim, job, leaf_nodes, placed, running, snap, tenant
+
+MIN = 60.0
+
+
+def _two_nodes_busy(n1_busy: tuple[int, ...] = (0, 1, 2, 3, 4, 5)) -> tuple[list, list]:
+    nodes = leaf_nodes("l1", 2)
+    jobs = [running("r0", {"l1-n0": tuple(range(8))}, end=2 * H), running("r1", {"l1-n1": n1_busy}, end=H)]
+    return nodes, jobs
+
+
+def test_a_head_that_cannot_fit_reserves_the_node_that_frees_earliest() -> None:
+    nodes, busy = _two_nodes_busy()
+    decisions = run_cycle(snap(nodes, [job("big", 8)], running_jobs=busy), 0.0)
+    assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=H),)
+    assert decisions.pending_reasons["big"] == "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from t=3600"
+
+
+def test_a_job_that_ends_before_the_shadow_time_backfills_onto_reserved_gpus() -> None:
+    nodes, busy = _two_nodes_busy()
+    pending = [job("big", 8, queued_at=0), job("short", 2, queued_at=1, runtime=0.5 * H)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    assert placed(decisions) == {"short": [("l1-n1", (6, 7))]}
+
+
+def test_a_job_that_would_delay_the_reservation_waits_behind_it() -> None:
+    nodes, busy = _two_nodes_busy()
+    pending = [job("big", 8, queued_at=0), job("long", 2, queued_at=1, runtime=4 * H)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    assert decisions.binds == ()
+    assert decisions.pending_reasons["long"] == "reserved behind job big"
+
+
+def test_a_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
+    nodes, busy = _two_nodes_busy(n1_busy=(0, 1, 2, 3))
+    pending = [job("six", 6, queued_at=0), job("long", 2, queued_at=1, runtime=4 * H), job("long2", 1, queued_at=2, runtime=4 * H)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    # At t=1h l1-n1 has 8 free, "six" needs 6: 2 spare GPUs for jobs that run past the shadow time.
+    assert placed(decisions) == {"long": [("l1-n1", (4, 5))]}
+    assert decisions.pending_reasons["long2"] == "reserved behind job six"
+
+
+def test_a_long_job_may_use_nodes_outside_the_reservation() -> None:
+    nodes, busy = _two_nodes_busy()
+    nodes = [*nodes, *leaf_nodes("l2", 1)]
+    busy.append(running("r2", {"l2-n0": (0, 1, 2, 3, 4, 5, 6)}, end=3 * H))
+    pending = [job("big", 8, queued_at=0), job("long", 1, queued_at=1, runtime=4 * H)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    assert placed(decisions) == {"long": [("l2-n0", (7,))]}
+
+
+def test_without_backfill_nothing_passes_a_blocked_head() -> None:
+    nodes, busy = _two_nodes_busy()
+    pending = [job("big", 8, queued_at=0), job("short", 2, queued_at=1, runtime=0.5 * H)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=SchedulerConfig(backfill=False)), 10.0)
+    assert decisions.binds == ()
+    assert decisions.pending_reasons["short"] == "reserved behind job big (backfill is off)"
+
+
+def test_a_standing_reservation_goes_before_fair_share_next_cycle() -> None:
+    tenants = [tenant("heavy", decayed=1e7, nominal=16), tenant("fresh", nominal=16)]
+    pending = [job("gang", 8, tenant="heavy", queued_at=0), job("fresh1", 8, tenant="fresh", queued_at=5)]
+    without = run_cycle(snap(leaf_nodes("l1", 1), pending, tenants=tenants), 10.0)
+    assert list(placed(without)) == ["fresh1"]
+    standing = (Reservation(job_id="gang", node_ids=("l1-n0",), start_at=10.0),)
+    decisions = run_cycle(snap(leaf_nodes("l1", 1), pending, tenants=tenants, reservations=standing), 10.0)
+    assert list(placed(decisions)) == ["gang"]
+
+
+def test_the_reservation_carried_to_the_next_cycle_goes_to_the_longest_waiting_blocked_job() -> None:
+    tenants = [tenant("heavy", decayed=1e7, nominal=64), tenant("fresh", nominal=64)]
+    nodes = leaf_nodes("l1", 2)
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, tenant="fresh", started_at=4 * H, end=7 * H),
+        running("r1", {"l1-n1": tuple(range(8))}, tenant="fresh", started_at=4 * H, end=6 * H),
+    ]
+    pending = [job("gang", 16, tenant="heavy", level="leaf", queued_at=0), job("fresh1", 4, tenant="fresh", queued_at=5 * H - MIN)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), 5 * H)
+    # fresh1 is first in fair order and held the reservation during the cycle; the gang has waited 5 h and keeps it.
+    assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=7 * H),)
+    assert decisions.pending_reasons["gang"].endswith("holds a reservation on l1-n0, l1-n1 from t=25200")
+    assert decisions.pending_reasons["fresh1"] == "no H100 node has 4 free GPUs"
+
+
+def test_past_max_wait_a_job_preempts_a_lower_priority_job_when_quotas_are_off() -> None:
+    config = SchedulerConfig(max_wait_s=6 * H, aging_per_hour=10.0)
+    busy = [running("r", {"l1-n0": tuple(range(8))}, tenant="x", started_at=0.0, end=60 * H)]
+    early = run_cycle(snap(leaf_nodes("l1", 1), [job("w", 1, tenant="y", queued_at=0)], running_jobs=busy, config=config), 5 * H)
+    assert early.preemptions == ()
+    late = run_cycle(snap(leaf_nodes("l1", 1), [job("w", 1, tenant="y", queued_at=0)], running_jobs=busy, config=config), 7 * H)
+    assert [(p.job_id, p.reason) for p in late.preemptions] == [("r", "max_wait")]
+
+
+def test_a_stream_of_small_jobs_cannot_starve_a_64_gpu_gang() -> None:
+    sim = Sim(
+        nodes=[*leaf_nodes("l1", 8), *leaf_nodes("l2", 8)], tenants=(tenant("big", decayed=1e8, nominal=128), tenant("small", nominal=128))
+    )
+    serial = 0
+    gang_submitted = None
+    small_started_while_waiting = 0
+    for step in range(int(8 * H / MIN)):
+        sim.now = step * MIN
+        if step % 5 == 0:
+            for _ in range(6):
+                serial += 1
+                sim.submit(job(f"s{serial:05d}", 2, tenant="small", runtime=H), actual=40 * MIN + (serial % 20) * MIN)
+        if sim.now == 30 * MIN:
+            # The fleet is saturated by the stream: no leaf has 8 whole free nodes.
+            assert sum(len(r.members) for r in sim.running.values()) > 16
+            sim.submit(job("gang", 64, tenant="big", level="leaf", runtime=2 * H))
+            gang_submitted = sim.now
+        sim.step()
+        if gang_submitted is not None and "gang" not in sim.started:
+            small_started_while_waiting += sum(1 for b in (sim.last.binds if sim.last else ()) if b.job_id != "gang")
+    wait = sim.wait_of("gang")
+    assert wait is not None, "the gang never started"
+    # Head after a few minutes, then the shadow time is at most the small jobs' 1 h max runtime away.
+    assert wait <= H + 10 * MIN
+    assert small_started_while_waiting >= 20, "the stream kept running (backfill) while the gang waited"
+
+
+def _waits(sim: Sim, sweeps: list[str]) -> list[float]:
+    """Each sweep job's wait: until it started, or until now for one still waiting."""
+    return [sim.wait_of(s) or (sim.now - sim.submitted[s]) for s in sweeps]
+
+
+def _flood(sim: Sim, hours: float) -> list[str]:
+    for i in range(20):
+        sim.submit(job(f"flood{i:02d}", 8, tenant="flood", runtime=48 * H))
+    sweeps = []
+    for step in range(int(hours * H / (5 * MIN))):
+        sim.now = step * 5 * MIN
+        if step % 6 == 2:
+            sweeps.append(f"sweep{step:04d}")
+            sim.submit(job(sweeps[-1], 1, tenant="sweep", runtime=15 * MIN))
+        sim.step()
+    return sweeps
+
+
+def test_a_flood_of_48_hour_jobs_cannot_starve_one_gpu_jobs_of_a_tenant_within_its_guarantee() -> None:
+    tenants = (tenant("flood", cohort="c", nominal=16), tenant("sweep", cohort="c", nominal=16))
+    sim = Sim(nodes=leaf_nodes("l1", 4), tenants=tenants)
+    sweeps = _flood(sim, hours=6)
+    assert all(w <= 15 * MIN for w in _waits(sim, sweeps)), _waits(sim, sweeps)
+    assert sum(s in sim.started for s in sweeps) >= len(sweeps) - 1
+    assert any(p.startswith("flood") for p in sim.preempted), "borrowed GPUs were reclaimed"
+
+
+def test_a_flood_of_48_hour_jobs_cannot_starve_one_gpu_jobs_past_the_max_wait_without_quotas() -> None:
+    sim = Sim(nodes=leaf_nodes("l1", 4), config=SchedulerConfig(max_wait_s=3 * H))
+    sweeps = _flood(sim, hours=12)
+    waits = _waits(sim, sweeps)
+    assert all(w <= 3 * H + 10 * MIN for w in waits), waits
+    assert sum(s in sim.started for s in sweeps) >= 12
+    assert max(waits) >= 2 * H, "the bound came from max_wait, not from free capacity"
+    assert len(sim.preempted) <= 4, "time slicing: no ping-pong of preemptions"
