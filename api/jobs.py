@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Query
@@ -14,8 +15,8 @@ from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, Pre
 from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
-from scheduler.core.cycle import queue_order_key
-from scheduler.service import pending_job_view
+from scheduler.core.cycle import queue_order
+from scheduler.service import build_snapshot
 from store import repo
 from store.models import Job
 
@@ -180,8 +181,15 @@ async def preempt_job(state: State, who: Caller, job_id: str, reason: str | None
 
 @router.get("/queue", response_model=list[QueueEntry])
 async def queue(state: State, who: Caller) -> list[QueueEntry]:
-    """Queued jobs in the scheduler's order; a tenant sees its own with their global position."""
+    """Queued jobs in the scheduler's own order (fair share, then priority and age), with why each waits.
+
+    A tenant sees its own jobs with their global positions.
+    """
     require_user(who)
-    jobs = await repo.queued_jobs(state.db)
-    ordered = sorted(jobs, key=lambda j: queue_order_key(pending_job_view(j)))
-    return [QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(ordered, start=1) if who.admin or j.tenant == who.tenant]
+    now = time.time()
+    snapshot = await build_snapshot(state.db, now=now, stale_after_s=state.settings.node_stale_after_s)
+    position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
+    jobs = sorted(await repo.queued_jobs(state.db), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
+    return [
+        QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(jobs, start=1) if who.admin or j.tenant == who.tenant
+    ]

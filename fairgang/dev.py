@@ -97,6 +97,7 @@ class DevPlatform:
                 "FAIRGANG_LOG_DIR": str(s.log_dir),
                 "FAIRGANG_CHECKPOINT_ROOT": os.environ.get("FAIRGANG_CHECKPOINT_ROOT", str(self.data_dir / "checkpoints")),
                 "FAIRGANG_AGENT_STATE_DIR": str(self.data_dir / "agent-state"),
+                "FAIRGANG_TOPOLOGY_LEVELS": ",".join(self.config.topology_levels),
             }
         )
         env.pop("DATABASE_URL", None)

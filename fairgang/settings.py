@@ -53,6 +53,14 @@ class Settings(BaseSettings):
     self_fence_after_s: float = 20.0
     #: The placement service declares a node LOST when it has been silent this long.
     node_lost_after_s: float = 30.0
+    #: Topology levels, narrowest first (from the cluster config's topology_levels).
+    topology_levels: str = "node,leaf,spine"
+    #: Scheduling policy (see docs/scheduler.md).
+    usage_half_life_s: float = 24 * 3600.0
+    aging_per_hour: float = 10.0
+    max_wait_s: float = 6 * 3600.0
+    min_runtime_before_preempt_s: float = 600.0
+    backfill: bool = True
     #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.
     infra_retry_limit: int = 5
     infra_retry_backoff_s: float = 2.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -25,7 +26,19 @@ from temporalio.client import Client
 
 from fairgang import temporal
 from fairgang.settings import Settings
-from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView, run_cycle
+from scheduler.core import (
+    Member,
+    NodeView,
+    PendingJob,
+    Preempt,
+    Quota,
+    Reservation,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    TenantView,
+    run_cycle,
+)
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
 from store.models import Job
@@ -160,6 +173,7 @@ class CycleReport:
     pending: int = 0
     resignalled: int = 0
     started_workflows: int = 0
+    preempted: int = 0
 
 
 class PlacementService:
@@ -170,6 +184,19 @@ class PlacementService:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.lease_ttl_s = max(3.0, settings.scheduler_tick_s * 2)
         self._wake = asyncio.Event()
+        self.config = SchedulerConfig(
+            usage_half_life_s=settings.usage_half_life_s,
+            aging_per_hour=settings.aging_per_hour,
+            max_wait_s=settings.max_wait_s,
+            min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
+            backfill=settings.backfill,
+        )
+        self.topology_levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
+        #: The last committed cycle's reservations, fed back so nominations hold across cycles.
+        #: Kept in memory: after a failover the new leader recomputes them in its first cycle.
+        self.reservations: tuple[Reservation, ...] = ()
+        #: Preemptions already asked for, by (job id, attempt): each is asked once.
+        self.preempting: set[tuple[str, int]] = set()
 
     async def cycle(self, now: float | None = None) -> CycleReport:
         """One scheduling cycle (see the module docstring for its phases)."""
@@ -181,7 +208,10 @@ class PlacementService:
         # 1b. Node liveness: silent nodes are declared lost and their jobs told at once.
         await self._declare_lost_nodes(now)
         # 2. Snapshot, 3. decide.
-        snapshot = await build_snapshot(self.db, now=now, stale_after_s=self.settings.node_stale_after_s)
+        snapshot = await build_snapshot(
+            self.db, now=now, stale_after_s=self.settings.node_stale_after_s, config=self.config, reservations=self.reservations
+        )
+        snapshot = dataclasses.replace(snapshot, topology_levels=self.topology_levels)
         decisions = run_cycle(snapshot, now)
         # 4. Commit, fenced by the epoch.
         rows = [
@@ -199,15 +229,31 @@ class PlacementService:
         except repo.LeaseLost as err:
             log.warning("%s", err)
             return CycleReport(leader=False)
-        # 5. Tell the workflows.
+        self.reservations = decisions.reservations
+        # 5. Tell the workflows: bindings, then preemptions (victims checkpoint and stop; their GPUs are nominated).
         await self._signal(allocations)
-        report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons))
+        preempted = await self._preempt(decisions.preemptions, {r.id for r in snapshot.running})
+        report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons), preempted=preempted)
         # 6. Reconcile.
         stale = await repo.unacked_allocations(self.db, older_than=now - self.settings.scheduler_resignal_after_s)
         await self._signal(stale)
         report.resignalled = len(stale)
         report.started_workflows = await self._start_missing_workflows(now)
         return report
+
+    async def _preempt(self, preemptions: Sequence[Preempt], running: set[str]) -> int:
+        self.preempting = {key for key in self.preempting if key[0] in running}
+        asked = 0
+        for p in preemptions:
+            if (p.job_id, p.attempt) in self.preempting:
+                continue
+            self.preempting.add((p.job_id, p.attempt))
+            try:
+                await temporal.preempt(self.client, job_id=p.job_id, reason=f"{p.reason}: its GPUs go to {p.for_job}", for_job=p.for_job)
+                asked += 1
+            except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unreachable
+                log.info("preemption of %s not sent: %s", p.job_id, err)
+        return asked
 
     async def _declare_lost_nodes(self, now: float) -> None:
         lost = await repo.mark_lost_nodes(self.db, lost_after_s=self.settings.node_lost_after_s, now=now)
@@ -281,7 +327,7 @@ class PlacementService:
                 self._wake.clear()
                 try:
                     report = await self.cycle()
-                    if report.bound or report.resignalled or report.started_workflows:
+                    if report.bound or report.resignalled or report.started_workflows or report.preempted:
                         log.info("cycle: %s", report)
                 except Exception:
                     log.exception("scheduling cycle failed")

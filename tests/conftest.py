@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from hypothesis import settings
 
 from fairgang.cluster import ClusterConfig
 from store import repo
@@ -95,7 +96,8 @@ async def db(db_url: str) -> AsyncIterator[Database]:
 
 
 def small_cluster() -> ClusterConfig:
-    """Two tenants, an admin, two 8-GPU H100 nodes on one leaf and a 4-GPU L40S node."""
+    """Two tenants in one cohort (each guaranteed half the H100s, free to borrow the other half), an
+    admin, two 8-GPU H100 nodes on one leaf and a 4-GPU L40S node."""
     return ClusterConfig.model_validate(
         {
             "admin_tokens": ["admin-token"],
@@ -103,6 +105,7 @@ def small_cluster() -> ClusterConfig:
             "tenants": [
                 {
                     "name": "alpha",
+                    "cohort": "research",
                     "tokens": ["alpha-token"],
                     "quotas": {"H100-80GB": {"nominal": 8}, "L40S": {"nominal": 4}},
                     "max_gpus_per_job": 16,
@@ -111,6 +114,7 @@ def small_cluster() -> ClusterConfig:
                 },
                 {
                     "name": "beta",
+                    "cohort": "research",
                     "tokens": ["beta-token"],
                     "quotas": {"H100-80GB": {"nominal": 8}},
                     "max_gpus_per_job": 8,
@@ -132,6 +136,7 @@ async def seeded(db: Database) -> Database:
     return db
 
 
-@pytest.fixture
-def anyio_backend() -> Iterator[str]:
-    yield "asyncio"
+# Property tests explore new examples locally; in CI they replay a fixed set, so a run is repeatable.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")

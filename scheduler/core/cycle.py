@@ -97,8 +97,16 @@ def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
     restore_nominations(cycle, snapshot.reservations)
     # 3. Order.
     queue = order_queue(cycle)
-    # 4. Admit in order.
+    # 4. Admit in order; jobs that would borrow from the cohort wait for a second pass, after every
+    #    job that fits its own tenant's guarantee, so that nobody borrows what its owner claims
+    #    in the same cycle (as Kueue orders non-borrowing workloads first).
+    borrowers = []
     for job in queue:
+        if cycle.book.tenant(job.tenant).cohort is not None and not cycle.book.within_nominal(job.tenant, job.gpu_type, job.gpu_count):
+            borrowers.append(job)
+            continue
+        admit(cycle, job)
+    for job in borrowers:
         admit(cycle, job)
     # 5. Reservation heads.
     settle_reservations(cycle)
@@ -113,17 +121,18 @@ def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
     )
 
 
-def queue_order_key(job: PendingJob) -> tuple[int, float, float, str]:
-    """A clock-free approximation of the order, for listings that have no snapshot: 1. higher priority,
-    2. submitted earlier, 3. queued earlier, 4. job id. Prefer :func:`queue_order`, which is the cycle's own."""
-    since = job.submitted_at if job.submitted_at is not None else job.queued_at
-    return (-job.priority, since, job.queued_at, job.id)
-
-
 def queue_order(snapshot: Snapshot, now: float) -> list[str]:
-    """Pending job ids in the order phase 4 would consider them if nothing were bound (for queue listings)."""
+    """Pending job ids in the order the cycle would grant them if each got its GPUs in turn.
+
+    Each job is charged to its tenant as it is listed, so the fair share interleaves tenants
+    as the cycle's progressive filling does (for queue listings and position estimates).
+    """
     cycle = build_cycle(snapshot, now)
-    return [job.id for job in order_queue(cycle)]
+    order = []
+    for job in order_queue(cycle):
+        order.append(job.id)
+        cycle.book.add(job.tenant, job.gpu_type, job.gpu_count)
+    return order
 
 
 # ---------------------------------------------------------------- 1. build

@@ -132,3 +132,19 @@ async def test_fleet_lists_nodes_and_gpu_totals(api: httpx.AsyncClient) -> None:
     assert fleet["gpu_types"]["H100-80GB"]["total"] == 16
     assert {n["id"] for n in fleet["nodes"]} == {"h1", "h2", "g1"}
     assert not any(n["schedulable"] for n in fleet["nodes"])  # no agent has registered
+
+
+async def test_queue_lists_jobs_in_fair_order_with_their_reasons(api: httpx.AsyncClient, seeded: Database) -> None:
+    ids = {}
+    for token, tenant, name in (("alpha-token", "alpha", "a1"), ("alpha-token", "alpha", "a2"), ("beta-token", "beta", "b1")):
+        job = (await api.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=auth(token))).json()["job"]
+        await repo.mark_queued(seeded, job_id=job["id"], attempt=1)
+        ids[name] = job["id"]
+    everyone = (await api.get("/v1/queue", headers=ADMIN)).json()
+    assert [e["position"] for e in everyone] == [1, 2, 3]
+    order = [e["job"]["name"] for e in everyone]
+    # Fair share: with nothing running, tenants alternate (alpha's name sorts first), each tenant's jobs oldest first.
+    assert order == ["a1", "b1", "a2"]
+    assert all(e["job"]["pending_reason"] == "waiting for placement" for e in everyone)
+    mine = (await api.get("/v1/queue", headers=BETA)).json()
+    assert [(e["position"], e["job"]["name"]) for e in mine] == [(2, "b1")]
