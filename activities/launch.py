@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,12 @@ def host_checkpoint_dir(checkpoint_root: Path | None, checkpoint_dir: str) -> Pa
     return checkpoint_root / checkpoint_dir.lstrip("/")
 
 
-def read_latest_marker(checkpoint_dir: Path) -> str:
-    """The job's newest checkpoint: the first line of ``LATEST`` (relative paths are taken from the dir)."""
+def read_latest_marker(checkpoint_dir: Path, job_view: str | None = None) -> str:
+    """The job's newest checkpoint: the first line of ``LATEST``, as the job sees it.
+
+    A relative path is taken from the checkpoint dir; ``job_view`` is that dir as the job
+    sees it (inside a container), ``checkpoint_dir`` where this agent reads it.
+    """
     try:
         text = (checkpoint_dir / LATEST_MARKER).read_text().strip().splitlines()
     except OSError:
@@ -57,11 +62,11 @@ def read_latest_marker(checkpoint_dir: Path) -> str:
     if not text or not text[0].strip():
         return ""
     path = Path(text[0].strip())
-    return str(path if path.is_absolute() else checkpoint_dir / path)
+    return str(path if path.is_absolute() else Path(job_view or checkpoint_dir) / path)
 
 
-def job_environment(inp: LaunchInput, checkpoint_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The process environment: the host's, then the spec's, then the platform's."""
+def job_environment(inp: LaunchInput, checkpoint_dir: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's environment: the host's (``base``), then the spec's, then the platform's."""
     env = dict(os.environ if base is None else base)
     for key in [k for k in env if k.startswith("FAIRGANG_") or k == "DATABASE_URL"]:
         del env[key]  # the platform's own settings and secrets are not the job's business
@@ -70,7 +75,7 @@ def job_environment(inp: LaunchInput, checkpoint_dir: Path, base: dict[str, str]
         {
             "FAIRGANG_JOB_ID": inp.job_id,
             "FAIRGANG_ATTEMPT": str(inp.attempt),
-            "CHECKPOINT_DIR": str(checkpoint_dir),
+            "CHECKPOINT_DIR": checkpoint_dir,
             "RESUME_FROM": inp.resume_from,
             "WORLD_SIZE": str(inp.world_size * inp.gpus_per_member),
             "RANK": str(inp.rank),
@@ -94,6 +99,9 @@ class RunningMember:
     rank: int
     pid: int
     grace_period_s: float
+    #: "process", or the container CLI ("podman", "docker") that runs it as ``container``.
+    runtime: str = "process"
+    container: str = ""
     proc: asyncio.subprocess.Process | None = None
 
 
@@ -107,8 +115,14 @@ class LaunchActivities:
         log_dir: Path,
         checkpoint_root: Path | None = None,
         state_dir: Path | None = None,
+        runtime: str = "process",
+        gpu_devices: bool = False,
     ) -> None:
         self.node_id = node_id
+        #: "process" runs argv here; "podman" or "docker" runs the spec's image with that CLI.
+        self.runtime = runtime
+        #: Containers: pass the member's GPUs as CDI devices (real GPU nodes only).
+        self.gpu_devices = gpu_devices
         self.log_dir = log_dir
         self.checkpoint_root = checkpoint_root
         #: One JSON file per running member, so that a restarted agent finds what it left behind.
@@ -123,30 +137,48 @@ class LaunchActivities:
         path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
+        container = f"fg-{inp.allocation_id}-r{inp.rank}" if self.runtime != "process" else ""
+        argv, env = self._command(inp, ckpt, container)
         with open(path, "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
                 proc = await asyncio.create_subprocess_exec(
-                    *inp.argv,
+                    *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=job_environment(inp, ckpt),
+                    env=env,
                     start_new_session=True,
                     preexec_fn=_term_with_agent,
                 )
             except OSError as err:
-                out.write(f"fairgang: could not start {inp.argv[0]!r}: {err}\n".encode())
+                out.write(f"fairgang: could not start {argv[0]!r}: {err}\n".encode())
                 return LaunchResult(exit_code=127, how="start_failed", error=str(err))
-        member = RunningMember(inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, proc)
+        member = RunningMember(
+            inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, self.runtime, container, proc
+        )
         self.running[inp.allocation_id] = member
         self._save_state(member)
         try:
             await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=proc.pid))
-            return await self._watch(proc, inp, ckpt)
+            return await self._watch(member, inp, ckpt)
         finally:
             self.running.pop(inp.allocation_id, None)
             self._drop_state(member)
+
+    def _command(self, inp: LaunchInput, ckpt: Path, container: str) -> tuple[list[str], dict[str, str]]:
+        """What to exec, and with which environment, for this node's runtime."""
+        if self.runtime == "process":
+            return list(inp.argv), job_environment(inp, str(ckpt))
+        job_env = job_environment(inp, inp.checkpoint_dir, base={})
+        argv = [self.runtime, "run", "--rm", "--init", "--name", container, "--stop-timeout", str(max(1, round(inp.grace_period_s)))]
+        argv += ["--volume", f"{ckpt}:{inp.checkpoint_dir}"]
+        for key, value in sorted(job_env.items()):
+            argv += ["--env", f"{key}={value}"]
+        if self.gpu_devices:
+            argv += [a for i in inp.gpu_indices for a in ("--device", f"nvidia.com/gpu={i}")]
+        cli_env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGANG_") and k != "DATABASE_URL"}
+        return [*argv, inp.image, *inp.argv], cli_env
 
     async def _signal(self, job_id: str, name: str, arg: object) -> None:
         try:
@@ -157,14 +189,19 @@ class LaunchActivities:
     async def _report_checkpoint(self, inp: LaunchInput, ckpt: Path, last: str) -> str:
         if inp.rank != 0:
             return last
-        latest = read_latest_marker(ckpt)
+        latest = read_latest_marker(ckpt, self._job_view(inp, ckpt))
         if latest and latest != last:
             report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest)
             await self._signal(inp.job_id, "checkpoint", report)
         return latest or last
 
-    async def _watch(self, proc: asyncio.subprocess.Process, inp: LaunchInput, ckpt: Path) -> LaunchResult:
-        reported = read_latest_marker(ckpt)  # what an earlier attempt left is not news
+    def _job_view(self, inp: LaunchInput, ckpt: Path) -> str:
+        return str(ckpt) if self.runtime == "process" else inp.checkpoint_dir
+
+    async def _watch(self, member: RunningMember, inp: LaunchInput, ckpt: Path) -> LaunchResult:
+        proc = member.proc
+        assert proc is not None
+        reported = read_latest_marker(ckpt, self._job_view(inp, ckpt))  # what an earlier attempt left is not news
         try:
             while True:
                 activity.heartbeat()
@@ -178,7 +215,7 @@ class LaunchActivities:
                     raise ApplicationError("the agent fenced this member (its allocation is no longer held)", non_retryable=True)
                 return LaunchResult(exit_code=code, how="exited", checkpoint=reported or None)
         except asyncio.CancelledError:
-            await stop_process_group(proc, inp.grace_period_s, heartbeat=activity.heartbeat)
+            await stop_member(member, heartbeat=activity.heartbeat)
             await self._report_checkpoint(inp, ckpt, reported)
             raise
 
@@ -216,7 +253,7 @@ class LaunchActivities:
                 path.unlink(missing_ok=True)
                 continue
             start = data.pop("start_time", None)
-            if start is not None and process_start_time(data["pid"]) == start:
+            if (start is not None and process_start_time(data["pid"]) == start) or data.get("container"):
                 found.append(RunningMember(**data))
             else:
                 path.unlink(missing_ok=True)
@@ -225,7 +262,7 @@ class LaunchActivities:
     async def stop_orphan(self, member: RunningMember) -> None:
         """Stop a member whose activity died with the previous agent: SIGTERM, grace, SIGKILL."""
         log.warning("stopping orphaned member of %s (allocation %s, pid %s)", member.job_id, member.allocation_id, member.pid)
-        await stop_pid_group(member.pid, member.grace_period_s)
+        await stop_member(member)
         self._drop_state(member)
 
     def kill(self, allocation_id: str) -> None:
@@ -234,6 +271,8 @@ class LaunchActivities:
         if member is None:
             return
         self.fenced.add(allocation_id)
+        if member.container:
+            subprocess.Popen([member.runtime, "kill", member.container], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(member.pid, signal.SIGKILL)
 
@@ -263,6 +302,32 @@ def process_start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | None = None) -> None:
+    """SIGTERM, the member's grace period (heartbeating), then SIGKILL: a process group or a container."""
+    if not member.container:
+        if member.proc is not None:
+            await stop_process_group(member.proc, member.grace_period_s, heartbeat)
+        else:
+            await stop_pid_group(member.pid, member.grace_period_s)
+        return
+    # `<cli> stop -t N` sends the container SIGTERM and SIGKILL after N seconds.
+    stopper = await asyncio.create_subprocess_exec(
+        member.runtime, "stop", "-t", str(max(1, round(member.grace_period_s))), member.container,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    while stopper.returncode is None:
+        if heartbeat is not None:
+            heartbeat()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(stopper.wait()), HEARTBEAT_EVERY_S)
+    remover = await asyncio.create_subprocess_exec(
+        member.runtime, "rm", "-f", member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    await remover.wait()
+    if member.proc is not None:
+        await stop_process_group(member.proc, 1.0, heartbeat)
 
 
 async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float, heartbeat: Callable[[], None] | None = None) -> int:

@@ -190,6 +190,4 @@ async def queue(state: State, who: Caller) -> list[QueueEntry]:
     snapshot = await build_snapshot(state.db, now=now, stale_after_s=state.settings.node_stale_after_s)
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
     jobs = sorted(await repo.queued_jobs(state.db), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
-    return [
-        QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(jobs, start=1) if who.admin or j.tenant == who.tenant
-    ]
+    return [QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(jobs, start=1) if who.admin or j.tenant == who.tenant]

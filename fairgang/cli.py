@@ -75,11 +75,14 @@ def agent(
     gpus: int = typer.Option(None, "--gpus", help="Simulated GPU count."),
     label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),
     simulated: bool = typer.Option(False, "--simulated", help="Simulated GPUs instead of NVML."),
+    runtime: str = typer.Option("process", "--runtime", help="process, podman or docker."),
     token: str = typer.Option(..., "--token", envvar="FAIRGANG_NODE_TOKEN"),
 ) -> None:
     """Run a node agent (a Temporal worker on task queue node-<id>)."""
     from fairgang.processes import run_agent
 
+    if runtime not in ("process", "podman", "docker"):
+        _fail(f"--runtime: '{runtime}' is not one of process, podman, docker")
     _logging()
     labels = dict(item.split("=", 1) for item in label)
     _run_until_signal(run_agent(Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated))

@@ -7,6 +7,7 @@ simulated agent per node) and, later, the simulator. Topology levels are data.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,6 +50,7 @@ class NodeConfig(BaseModel):
     gpu_type: str
     gpus: int = Field(ge=1, le=64)
     labels: dict[str, str] = Field(default_factory=dict, description="Topology domains, e.g. leaf: l1, spine: s1.")
+    runtime: Literal["process", "podman", "docker"] = Field(default="process", description="How the agent runs members.")
 
 
 class ClusterConfig(BaseModel):

@@ -101,6 +101,8 @@ class DevPlatform:
             }
         )
         env.pop("DATABASE_URL", None)
+        # Simulated nodes run jobs with this Python first on PATH, so `python3` has the project's packages (NumPy).
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.update(self.extra_env)
         return env
 
@@ -143,6 +145,7 @@ class DevPlatform:
         for node in self.config.nodes:
             labels = [a for k, v in sorted(node.labels.items()) for a in ("--label", f"{k}={v}")]
             argv = [*py, "agent", "--node-id", node.id, "--gpu-type", node.gpu_type, "--gpus", str(node.gpus), "--simulated", *labels]
+            argv += ["--runtime", node.runtime]
             self._spawn(f"agent-{node.id}", argv)
         say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
         say(f"store     {normalise_database_url(self.settings.database_url)}")

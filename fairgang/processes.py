@@ -67,10 +67,19 @@ async def run_agent(
     labels: dict[str, str],
     token: str,
     simulated: bool,
+    runtime: str = "process",
 ) -> None:
     backend: GpuBackend = SimulatedGpus(node_id, gpu_type, gpus or 8) if simulated else NvmlGpus()
     client = await connect_temporal_with_retry(settings)
     agent = NodeAgent(
-        settings=settings, node_id=node_id, gpu_type=gpu_type, gpus=backend, labels=labels, token=token, log_dir=Path(settings.log_dir)
+        settings=settings,
+        node_id=node_id,
+        gpu_type=gpu_type,
+        gpus=backend,
+        labels=labels,
+        token=token,
+        log_dir=Path(settings.log_dir),
+        runtime=runtime,
+        gpu_devices=not simulated,
     )
     await agent.run(client)

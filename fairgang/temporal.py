@@ -30,6 +30,7 @@ def job_input(job: Any, settings: Settings) -> JobInput:
         checkpoint_dir=spec["checkpoint_dir"],
         max_runtime_s=float(spec["max_runtime"]),
         grace_period_s=float(spec["grace_period"]),
+        image=str(spec.get("image") or "local"),
         retries=int(spec.get("retries", 0)),
         heartbeat_timeout_s=settings.activity_heartbeat_timeout_s,
         infra_retry_limit=settings.infra_retry_limit,

@@ -26,7 +26,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.launch import LaunchActivities, stop_pid_group
+from activities.launch import LaunchActivities, stop_member
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
 
@@ -44,6 +44,8 @@ class NodeAgent:
         labels: dict[str, str],
         token: str,
         log_dir: Path | None = None,
+        runtime: str = "process",
+        gpu_devices: bool = False,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -57,6 +59,8 @@ class NodeAgent:
             log_dir=log_dir or settings.log_dir,
             checkpoint_root=settings.checkpoint_root,
             state_dir=settings.agent_state_dir / node_id,
+            runtime=runtime,
+            gpu_devices=gpu_devices,
         )
         self.registered = False
         self.last_contact = time.monotonic()
@@ -121,7 +125,7 @@ class NodeAgent:
                 continue
             log.warning("no contact with the control plane for %.0fs: stopping %s", silent, member.job_id)
             self.launcher.fenced.add(allocation_id)
-            self._spawn(stop_pid_group(member.pid, member.grace_period_s))
+            self._spawn(stop_member(member))
 
     async def run(self, client: Client) -> None:
         """Stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""

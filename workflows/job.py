@@ -241,6 +241,7 @@ class TrainingJobWorkflow:
                 master_addr=members[0].node_id,
                 master_port=MASTER_PORT,
                 resume_from=self.s.latest_checkpoint,
+                image=job.image,
             )
             handle = workflow.start_activity(
                 "launch",

@@ -22,6 +22,7 @@ class JobInput:
     checkpoint_dir: str
     max_runtime_s: float
     grace_period_s: float
+    image: str = "local"
     retries: int = 0
     #: Launch activities heartbeat; silence this long means the member is lost.
     heartbeat_timeout_s: float = 20.0
@@ -124,6 +125,7 @@ class LaunchInput:
     master_addr: str
     master_port: int
     resume_from: str = ""
+    image: str = "local"
 
 
 @dataclass

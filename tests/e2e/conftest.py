@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from fairgang.cluster import ClusterConfig
 from tests.conftest import _PG_PROBLEM, create_pg_database, drop_pg_database, small_cluster
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -49,13 +50,13 @@ def free_port() -> int:
 class Platform:
     """A running `fairgang dev` and a client for its API."""
 
-    def __init__(self, data_dir: Path, database_url: str | None) -> None:
+    def __init__(self, data_dir: Path, database_url: str | None, cluster: ClusterConfig | None = None) -> None:
         self.data_dir = data_dir
         self.database_url = database_url
         self.api_port, self.temporal_port, self.ui_port = free_port(), free_port(), free_port()
         self.config_path = data_dir / "cluster.yaml"
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(small_cluster().model_dump(mode="json")))
+        self.config_path.write_text(yaml.safe_dump((cluster or small_cluster()).model_dump(mode="json")))
         self.proc: subprocess.Popen[bytes] | None = None
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.temporal_address = f"127.0.0.1:{self.temporal_port}"
@@ -75,6 +76,7 @@ class Platform:
                 "FAIRGANG_NODE_LOST_AFTER_S": "4",
                 "FAIRGANG_SELF_FENCE_AFTER_S": "4",
                 "FAIRGANG_LAUNCH_START_TIMEOUT_S": "15",
+                "FAIRGANG_MIN_RUNTIME_BEFORE_PREEMPT_S": "1",
             }
         )
         argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]
@@ -107,6 +109,25 @@ class Platform:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    @property
+    def store_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'fairgang.db'}"
+
+    def part_env(self) -> dict[str, str]:
+        """The environment `fairgang dev` gives its parts (to start another one beside them)."""
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env.update(
+            {
+                "FAIRGANG_DATABASE_URL": self.store_url,
+                "FAIRGANG_TEMPORAL_ADDRESS": self.temporal_address,
+                "FAIRGANG_API_URL": self.api_url,
+                "FAIRGANG_SCHEDULER_TICK_S": "2",
+                "FAIRGANG_NODE_STALE_AFTER_S": "3",
+                "FAIRGANG_NODE_LOST_AFTER_S": "4",
+            }
+        )
+        return env
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -177,11 +198,11 @@ def platform_factory(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     made: list[Platform] = []
     databases: list[str] = []
 
-    def make() -> Platform:
+    def make(cluster: ClusterConfig | None = None) -> Platform:
         url = _database_for(str(request.param))
         if url:
             databases.append(url)
-        platform = Platform(tmp_path_factory.mktemp(f"dev-{request.param}"), url)
+        platform = Platform(tmp_path_factory.mktemp(f"dev-{request.param}"), url, cluster)
         made.append(platform)
         return platform
 

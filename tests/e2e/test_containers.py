@@ -1,0 +1,129 @@
+"""The container runtime, for real: podman runs the spec's image with the job's env, checkpoint mount
+and GPUs, and stops it with SIGTERM, the grace period, then SIGKILL.
+
+Skipped, with the reason, where podman cannot run a container here.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import small_cluster
+from tests.e2e.conftest import TERMINAL, Platform
+
+pytestmark = pytest.mark.e2e
+IMAGE = "localhost/fairgang-test-busybox"
+
+
+def _podman_problem(conf: Path, work: Path) -> str | None:
+    if shutil.which("podman") is None or shutil.which("busybox") is None:
+        return "podman or busybox is not installed (apt-get install podman runc busybox-static)"
+    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+    rootfs = work / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        busybox = tarfile.TarInfo("bin/busybox")
+        data = Path(shutil.which("busybox") or "").read_bytes()
+        busybox.size, busybox.mode = len(data), 0o755
+        tar.addfile(busybox, fileobj=io.BytesIO(data))
+        for applet in ("sh", "sleep", "echo", "cat", "ls"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    imported = subprocess.run(["podman", "import", str(rootfs), IMAGE], env=env, capture_output=True, text=True, timeout=120)
+    if imported.returncode != 0:
+        return f"podman import failed: {imported.stderr.strip()[-300:]}"
+    ran = subprocess.run(["podman", "run", "--rm", IMAGE, "/bin/echo", "ok"], env=env, capture_output=True, text=True, timeout=120)
+    if ran.returncode != 0 or "ok" not in ran.stdout:
+        return f"podman cannot run a container here: {ran.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def podman_platform(platform_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    work = tmp_path_factory.mktemp("podman")
+    conf = work / "containers.conf"
+    # runc and lowered ulimits: what podman needs on these machines (see the README).
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n')
+    problem = _podman_problem(conf, work)
+    if problem:
+        print(f"skipping container runtime tests: {problem}")
+        pytest.skip(problem)
+    old = os.environ.get("CONTAINERS_CONF")
+    os.environ["CONTAINERS_CONF"] = str(conf)
+    try:
+        cluster = small_cluster()
+        for node in cluster.nodes:
+            node.runtime = "podman"
+        platform: Platform = platform_factory(cluster)
+        platform.start()
+        yield platform
+    finally:
+        if old is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+        else:
+            os.environ["CONTAINERS_CONF"] = old
+
+
+def container_spec(name: str, script: str, **extra: Any) -> dict[str, Any]:
+    spec = {
+        "name": name,
+        "image": IMAGE,
+        "entrypoint": ["/bin/sh", "-c", script],
+        "gpu_type": "H100-80GB",
+        "gpu_count": 2,
+        "max_runtime": "10m",
+        "checkpoint_dir": f"/ckpt/alpha/{name}",
+        "grace_period": "3s",
+    }
+    spec.update(extra)
+    return spec
+
+
+def containers(platform: Platform) -> str:
+    out = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60)
+    return out.stdout
+
+
+def test_container_runs_the_image_with_env_and_checkpoint_mount(podman_platform: Platform) -> None:
+    p = podman_platform
+    script = 'echo "in container $FAIRGANG_JOB_ID gpus=$CUDA_VISIBLE_DEVICES ckpt=$CHECKPOINT_DIR"; echo step-1 > "$CHECKPOINT_DIR/LATEST"'
+    job = p.submit(container_spec("boxed", script))
+    done = p.wait_for(job["id"], TERMINAL, timeout=120)
+    assert done["state"] == "SUCCEEDED", (done, p.logs())
+    gpus = ",".join(map(str, done["allocation"]["members"][0]["gpu_indices"]))
+    with p.client("alpha-token") as http:
+        log = http.get(f"/v1/jobs/{job['id']}/logs").text
+    assert f"in container {job['id']} gpus={gpus} ckpt=/ckpt/alpha/boxed" in log
+    # The mount: what the job wrote inside is on the node, and the checkpoint is reported in the job's view.
+    assert (p.data_dir / "checkpoints" / "ckpt" / "alpha" / "boxed" / "LATEST").read_text().strip() == "step-1"
+    assert done["latest_checkpoint"] == "/ckpt/alpha/boxed/step-1"
+    assert f"fg-{done['allocation']['id']}" not in containers(p)
+
+
+@pytest.mark.parametrize(("handles_term", "expect"), [(True, "got TERM"), (False, "")])
+def test_cancel_stops_the_container_gracefully_then_kills_it(podman_platform: Platform, handles_term: bool, expect: str) -> None:
+    p = podman_platform
+    trap = "trap 'echo got TERM; exit 0' TERM" if handles_term else "trap '' TERM"
+    job = p.submit(container_spec(f"stop-{handles_term}".lower(), f"{trap}; echo started; while true; do sleep 0.2; done"))
+    p.wait_for(job["id"], {"RUNNING"}, timeout=120)
+    with p.client("alpha-token") as http:
+        assert http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    done = p.wait_for(job["id"], TERMINAL, timeout=120)
+    assert done["state"] == "CANCELLED"
+    assert f"fg-{done['allocation']['id']}" not in containers(p)
+    with p.client("alpha-token") as http:
+        log = http.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "started" in log
+    if expect:
+        assert expect in log
+    released = [e for e in done["events"] if e["kind"] == "CANCELLED"]
+    assert released, done["events"]
