@@ -85,7 +85,11 @@ def agent(
         _fail(f"--runtime: '{runtime}' is not one of process, podman, docker")
     _logging()
     labels = dict(item.split("=", 1) for item in label)
-    _run_until_signal(run_agent(Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated))
+    _run_until_signal(
+        run_agent(
+            Settings(), node_id=node_id, gpu_type=gpu_type, gpus=gpus, labels=labels, token=token, simulated=simulated, runtime=runtime
+        )
+    )
 
 
 @app.command()
