@@ -26,7 +26,7 @@ IMAGE = "localhost/fairgang-test-busybox"
 
 def _podman_problem(conf: Path, work: Path) -> str | None:
     if shutil.which("podman") is None or shutil.which("busybox") is None:
-        return "podman or busybox is not installed (apt-get install podman runc busybox-static)"
+        return "podman or busybox is not installed (apt-get install podman runc catatonit busybox-static)"
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
     rootfs = work / "rootfs.tar"
     with tarfile.open(rootfs, "w") as tar:
@@ -41,7 +41,8 @@ def _podman_problem(conf: Path, work: Path) -> str | None:
     imported = subprocess.run(["podman", "import", str(rootfs), IMAGE], env=env, capture_output=True, text=True, timeout=120)
     if imported.returncode != 0:
         return f"podman import failed: {imported.stderr.strip()[-300:]}"
-    ran = subprocess.run(["podman", "run", "--rm", IMAGE, "/bin/echo", "ok"], env=env, capture_output=True, text=True, timeout=120)
+    probe = ["podman", "run", "--rm", "--init", IMAGE, "/bin/echo", "ok"]
+    ran = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
     if ran.returncode != 0 or "ok" not in ran.stdout:
         return f"podman cannot run a container here: {ran.stderr.strip()[-300:]}"
     return None
@@ -114,7 +115,8 @@ def test_cancel_stops_the_container_gracefully_then_kills_it(podman_platform: Pl
     p = podman_platform
     trap = "trap 'echo got TERM; exit 0' TERM" if handles_term else "trap '' TERM"
     job = p.submit(container_spec(f"stop-{handles_term}".lower(), f"{trap}; echo started; while true; do sleep 0.2; done"))
-    p.wait_for(job["id"], {"RUNNING"}, timeout=120)
+    running = p.wait_for(job["id"], {"RUNNING"}, timeout=120)
+    assert f"fg-{running['allocation']['id']}-r0" in containers(p), "the member runs as a container"
     with p.client("alpha-token") as http:
         assert http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
     done = p.wait_for(job["id"], TERMINAL, timeout=120)
