@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from api import fleet, jobs
+from api import fleet, jobs, sweeps
 from api.deps import AppState, State
 from fairgang import __version__
 from fairgang.settings import Settings
@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan)
     app.include_router(jobs.router)
     app.include_router(fleet.router)
+    app.include_router(sweeps.router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:

@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--features", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate.")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -73,7 +74,7 @@ def main() -> int:
     for step in range(start + 1, args.steps + 1):
         idx = batch_rng.integers(0, len(x), size=64)
         grad = 2 * x[idx].T @ (x[idx] @ weights - y[idx]) / len(idx)
-        weights = weights - 0.05 * grad
+        weights = weights - args.lr * grad
         loss = float(np.mean((x @ weights - y) ** 2))
         print(f"attempt {attempt} step {step} loss {loss:.6f}", flush=True)
         time.sleep(args.step_seconds)
@@ -84,6 +85,8 @@ def main() -> int:
             print(f"SIGTERM: checkpointed step {step}, exiting", flush=True)
             return 0
     print(f"finished {args.steps} steps, loss {loss:.6f}", flush=True)
+    # How a job reports a metric to the platform (a sweep picks its best trial by it).
+    print(f"FAIRGANG_METRIC loss={loss:.6f}", flush=True)
     return 0
 
 

@@ -214,9 +214,35 @@ def _demo(platform: Any, cluster: Any) -> None:
             break
         time.sleep(1.0)
     _print_jobs(rows)
+    _demo_sweep(api_url, tokens, admin)
     ui = platform.settings.temporal_ui_url
     console.print(f"API {api_url}   docs {api_url}/docs   Temporal UI {ui}")
     console.print(f"try: FAIRGANG_TOKEN={admin} .venv/bin/fairgang jobs")
+
+
+def _demo_sweep(api_url: str, tokens: dict[str, str], admin: str) -> None:
+    """Submit the example sweep (examples/sweeps/lr-features.yaml) and follow it to its summary."""
+    from fairgang.sweeps import load_sweep_text
+
+    path = Path("examples/sweeps/lr-features.yaml")
+    spec = load_sweep_text(path.read_text())
+    token = tokens.get(spec.tenant or "", next(iter(tokens.values()), admin))
+    body = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    resp = httpx.post(f"{api_url}/v1/sweeps", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    if resp.status_code >= 300:
+        console.print(f"[red]{path.name}[/]: {resp.text}")
+        return
+    sweep = resp.json()["sweep"]
+    console.print(f"submitted sweep {path.name} as {sweep['id']} ({sweep['trial_count']} trials, {sweep['max_concurrent']} at once)")
+    deadline = time.monotonic() + 600
+    while sweep["state"] not in ("COMPLETED", "CANCELLED", "FAILED") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        sweep = httpx.get(f"{api_url}/v1/sweeps/{sweep['id']}", headers={"Authorization": f"Bearer {admin}"}, timeout=10).json()
+    best = (sweep.get("summary") or {}).get("best")
+    console.print(f"sweep {sweep['id']} {sweep['state']}: {sweep.get('summary')}")
+    if best:
+        console.print(f"best trial #{best['index']} ({best['job_id']}): {best['metric']}={best['value']} with {best['params']}")
+    console.print(f"try: FAIRGANG_TOKEN={token} .venv/bin/fairgang sweep show {sweep['id']}")
 
 
 # ---------------------------------------------------------------- client
@@ -412,6 +438,14 @@ def queue(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> No
 
     with _client(api_url, token) as http:
         _emit(_check(http.get("/v1/queue")), output, show)
+
+
+
+
+from fairgang.cli_sweeps import schedule_app, sweep_app  # noqa: E402
+
+app.add_typer(sweep_app, name="sweep")
+app.add_typer(schedule_app, name="schedule")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 from temporalio.worker import Worker
 
 from activities.store import StoreActivities
+from activities.sweeps import SweepActivities
 from fairgang import temporal
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from scheduler.service import PlacementService
@@ -16,6 +17,7 @@ from store.db import Database, migrate
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import GpuBackend, NvmlGpus, SimulatedGpus
 from workflows.job import TrainingJobWorkflow
+from workflows.sweep import SweepWorkflow
 
 log = logging.getLogger("fairgang")
 
@@ -33,14 +35,14 @@ async def connect_temporal_with_retry(settings: Settings, attempts: int = 60):  
 
 
 async def run_worker(settings: Settings) -> None:
-    """The control-plane worker: job workflows and their store activities."""
+    """The control-plane worker: job and sweep workflows and their store activities."""
     db = Database(settings.database_url)
     client = await connect_temporal_with_retry(settings)
     worker = Worker(
         client,
         task_queue=CONTROL_TASK_QUEUE,
-        workflows=[TrainingJobWorkflow],
-        activities=StoreActivities(db).all(),  # type: ignore[arg-type]
+        workflows=[TrainingJobWorkflow, SweepWorkflow],
+        activities=[*StoreActivities(db).all(), *SweepActivities(db, settings).all()],  # type: ignore[list-item]
     )
     try:
         await worker.run()

@@ -172,3 +172,48 @@ class SchedulerLease(SQLModel, table=True):
     holder: str = Field(max_length=128)
     epoch: int = 0
     expires_at: float = 0.0
+
+
+class Sweep(SQLModel, table=True):
+    """A sweep (SPEC R9.3): trials of one job template, run by the ``Sweep`` workflow (id = sweep id)."""
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_sweep_tenant_idempotency_key"),
+        Index("ix_sweep_tenant_created", "tenant", "created_at"),
+        Index("ix_sweep_schedule", "schedule_id"),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    tenant: str = Field(foreign_key="tenant.name", max_length=64)
+    name: str = Field(max_length=64)
+    idempotency_key: str = Field(max_length=300)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    #: "SUBMITTED" (workflow not started yet), "RUNNING", "CANCELLING", "COMPLETED", "CANCELLED", "FAILED".
+    state: str = Field(default="SUBMITTED", max_length=16)
+    trial_count: int
+    max_concurrent: int
+    #: The Temporal Schedule that started it, if any.
+    schedule_id: str | None = Field(default=None, max_length=200)
+    #: Written when it ends: trials by outcome and the best trial by the spec's metric.
+    summary: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    reason: str | None = Field(default=None, max_length=1024)
+    created_at: float
+    updated_at: float
+    finished_at: float | None = None
+
+
+class SweepTrial(SQLModel, table=True):
+    """One trial of a sweep once the sweep has tried to create it: its job, or why admission refused it."""
+
+    __tablename__ = "sweep_trial"
+
+    sweep_id: str = Field(primary_key=True, foreign_key="sweep.id", max_length=32)
+    index: int = Field(primary_key=True)
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    job_id: str | None = Field(default=None, foreign_key="job.id", max_length=40)
+    #: "CREATED" (its job exists) or "REFUSED" (admission refused it; see reason).
+    state: str = Field(default="CREATED", max_length=16)
+    reason: str | None = Field(default=None, max_length=1024)
+    #: Metrics the job reported (FAIRGANG_METRIC lines), read when the sweep ends.
+    metrics: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: float

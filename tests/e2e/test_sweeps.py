@@ -1,0 +1,254 @@
+"""Sweeps and scheduled sweeps on the whole platform (issue 7, "Done when").
+
+Real Temporal dev server, real store, real API, worker, placement service and agents
+(`fairgang dev`); trials are tiny real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from tests.e2e.conftest import Platform
+
+pytestmark = pytest.mark.e2e
+SWEEP_DONE = {"COMPLETED", "CANCELLED", "FAILED"}
+
+
+def sweep_spec(
+    name: str, code: str, *, parameters: dict[str, Any], cap: int = 2, env: dict[str, str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "max_concurrent": cap,
+        "parameters": parameters,
+        "template": {
+            "entrypoint": [sys.executable, "-c", code, *[f"{{{{{p}}}}}" for p in _names(parameters)]],
+            "env": env or {},
+            "gpu_type": "H100-80GB",
+            "gpu_count": 1,
+            "max_runtime": "10m",
+            "checkpoint_dir": f"/ckpt/alpha/{name}",
+            "grace_period": "3s",
+        },
+    }
+    spec.update(extra)
+    return spec
+
+
+def _names(parameters: dict[str, Any]) -> list[str]:
+    if "grid" in parameters:
+        return list(parameters["grid"])
+    if "list" in parameters:
+        return list(parameters["list"][0])
+    return sorted(parameters["random"]["space"])
+
+
+def submit_sweep(p: Platform, spec: dict[str, Any], token: str = "alpha-token") -> dict[str, Any]:
+    with p.client(token) as http:
+        resp = http.post("/v1/sweeps", json=spec)
+    assert resp.status_code in (200, 201), resp.text
+    return dict(resp.json()["sweep"])
+
+
+def get_sweep(p: Platform, sweep_id: str, token: str = "admin-token") -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with p.client(token) as http:
+                return dict(http.get(f"/v1/sweeps/{sweep_id}").json())
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def wait_sweep(p: Platform, sweep_id: str, until: Any, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    sweep: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        sweep = get_sweep(p, sweep_id)
+        if until(sweep):
+            return sweep
+        time.sleep(0.3)
+    raise AssertionError(f"sweep {sweep_id} never got there: {json.dumps(sweep, indent=1)[:4000]}\n{p.logs()}")
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, delta in points:
+        now += delta
+        most = max(most, now)
+    return most
+
+
+def count_workflows(p: Platform, query: str) -> int:
+    async def count() -> int:
+        client = await Client.connect(p.temporal_address)
+        return (await client.count_workflows(query)).count
+
+    return asyncio.run(count())
+
+
+GRID_CODE = (
+    "import sys, time\n"
+    "lr, features = float(sys.argv[1]), int(sys.argv[2])\n"
+    "print('trial lr', sys.argv[1], 'features', sys.argv[2], flush=True)\n"
+    "time.sleep(1.5)\n"
+    "print(f'FAIRGANG_METRIC loss={abs(lr * features - 2)}', flush=True)\n"
+)
+
+
+def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: Platform) -> None:
+    grid: dict[str, list[Any]] = {"lr": [0.1, 0.01, 0.001], "features": [2, 20]}
+    sweep = submit_sweep(platform, sweep_spec("grid", GRID_CODE, parameters={"grid": grid}, metric={"name": "loss"}))
+    assert sweep["trial_count"] == 6
+    done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE)
+    assert done["state"] == "COMPLETED", done
+    trials = done["trials"]
+    assert [t["params"] for t in trials] == [{"lr": lr, "features": f} for lr in grid["lr"] for f in grid["features"]]
+    assert all(t["state"] == "SUCCEEDED" for t in trials), trials
+    assert [t["job_id"] for t in trials] == [f"{sweep['id']}-{i:04d}" for i in range(6)]
+    with platform.client("alpha-token") as http:
+        for t in trials:
+            log = http.get(f"/v1/jobs/{t['job_id']}/logs").text
+            assert f"trial lr {t['params']['lr']} features {t['params']['features']}" in log
+            assert http.get(f"/v1/jobs/{t['job_id']}").json()["attempt"] == 1
+    # The cap: never more than 2 trials unfinished at once (and it was used).
+    assert max_overlap([(t["created_at"], t["finished_at"]) for t in trials]) == 2
+    summary = done["summary"]
+    assert (summary["succeeded"], summary["failed"], summary["cancelled"]) == (6, 0, 0)
+    # |lr * features - 2| is smallest (0) for lr 0.1 x 20 features: trial 1.
+    assert summary["best"]["index"] == 1 and summary["best"]["value"] < 1e-9
+    assert summary["best"]["params"] == {"lr": 0.1, "features": 20}
+    # Each trial is a child job workflow with the deterministic id, started once.
+    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 6
+    # Tenant isolation: another tenant sees nothing of it.
+    with platform.client("beta-token") as http:
+        assert http.get(f"/v1/sweeps/{sweep['id']}").status_code == 404
+        assert http.post(f"/v1/sweeps/{sweep['id']}/cancel").status_code == 404
+        assert sweep["id"] not in [s["id"] for s in http.get("/v1/sweeps").json()]
+    with platform.client("alpha-token") as http:
+        assert sweep["id"] in [s["id"] for s in http.get("/v1/sweeps").json()]
+
+
+def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform) -> None:
+    good = sweep_spec("bad", "print(1)", parameters={"grid": {"x": [1]}})
+    cases = [
+        ({**good, "max_concurrent": 0}, "alpha-token", "max_concurrent"),
+        ({**good, "parameters": {"grid": {"x": []}}}, "alpha-token", "parameters.grid"),
+        ({**good, "template": {**good["template"], "gpu_type": "TPU"}}, "alpha-token", "template.gpu_type"),
+        ({**good, "template": {**good["template"], "entrypoint": ["python3", "{{y}}"]}}, "alpha-token", "template.entrypoint.1"),
+        ({**good, "template": {**good["template"], "max_runtime": "10h", "checkpoint_dir": "/b"}}, "beta-token", "template.max_runtime"),
+    ]
+    for body, token, field in cases:
+        with platform.client(token) as http:
+            resp = http.post("/v1/sweeps", json=body)
+        assert resp.status_code == 422, resp.text
+        assert field in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
+    with platform.client("alpha-token") as http:
+        assert [s for s in http.get("/v1/sweeps").json() if s["name"] == "bad"] == []
+        resp = http.post("/v1/schedules", json={"name": "bad", "schedule": {"interval": "1s", "cron": "* * * * *"}, "sweep": good})
+        assert resp.status_code == 422 and "schedule" in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
+
+
+SLEEPER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(143)))\n"
+    "print('trial', sys.argv[1], flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_cancel_stops_the_running_trials_and_starts_no_more(platform: Platform) -> None:
+    sweep = submit_sweep(platform, sweep_spec("cancelme", SLEEPER, parameters={"grid": {"i": list(range(6))}}))
+    wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) == 2, timeout=60)
+    with platform.client("alpha-token") as http:
+        assert http.post(f"/v1/sweeps/{sweep['id']}/cancel").status_code == 200
+    done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE, timeout=60)
+    assert done["state"] == "CANCELLED", done
+    states = [t["state"] for t in done["trials"]]
+    assert states == ["CANCELLED", "CANCELLED", "PENDING", "PENDING", "PENDING", "PENDING"], states
+    assert (done["summary"]["cancelled"], done["summary"]["not_started"]) == (2, 4)
+    with platform.client("alpha-token") as http:
+        assert "got SIGTERM" in http.get(f"/v1/jobs/{done['trials'][0]['job_id']}/logs").text
+    time.sleep(2.0)
+    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
+
+
+def test_worker_killed_mid_sweep_resumes_without_duplicate_trials(platform: Platform) -> None:
+    code = "import sys, time; print('trial', sys.argv[1], flush=True); time.sleep(3)"
+    sweep = submit_sweep(platform, sweep_spec("survivor", code, parameters={"list": [{"i": i} for i in range(4)]}))
+    wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) >= 1, timeout=60)
+    worker = json.loads((platform.data_dir / "pids.json").read_text())["worker"]
+    os.kill(worker, signal.SIGKILL)
+    done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE, timeout=120)
+    assert done["state"] == "COMPLETED", done
+    assert json.loads((platform.data_dir / "pids.json").read_text())["worker"] != worker
+    assert [t["state"] for t in done["trials"]] == ["SUCCEEDED"] * 4
+    with platform.client("alpha-token") as http:
+        jobs = [j for j in http.get("/v1/jobs", params={"limit": 5000}).json() if j["name"].startswith("survivor-")]
+        assert sorted(j["id"] for j in jobs) == [f"{sweep['id']}-{i:04d}" for i in range(4)]
+        for j in jobs:
+            detail = http.get(f"/v1/jobs/{j['id']}").json()
+            assert detail["attempt"] == 1
+            assert [e["kind"] for e in detail["events"]].count("LAUNCHING") == 1
+    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
+
+
+def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform: Platform) -> None:
+    sweep = sweep_spec("ticker", "import sys; print('tick', sys.argv[1])", parameters={"list": [{"n": 1}]})
+    body = {"name": "ticker", "schedule": {"interval": "3s"}, "overlap": "buffer_one", "sweep": sweep}
+    with platform.client("alpha-token") as http:
+        resp = http.post("/v1/schedules", json=body)
+        assert resp.status_code == 201, resp.text
+        schedule = resp.json()
+        sid = schedule["id"]
+        assert schedule["interval_s"] == [3.0] and schedule["overlap"] == "buffer_one" and not schedule["paused"]
+
+        def runs() -> list[dict[str, Any]]:
+            return list(http.get("/v1/sweeps", params={"schedule_id": sid}).json())
+
+        deadline = time.monotonic() + 40
+        while len([s for s in runs() if s["state"] == "COMPLETED"]) < 2:
+            assert time.monotonic() < deadline, (runs(), platform.logs())
+            time.sleep(0.5)
+        for run in runs():
+            assert run["trial_count"] == 1 and run["schedule_id"] == sid
+        completed = next(s for s in runs() if s["state"] == "COMPLETED")
+        [trial] = http.get(f"/v1/sweeps/{completed['id']}").json()["trials"]
+        assert trial["state"] == "SUCCEEDED" and "tick 1" in http.get(f"/v1/jobs/{trial['job_id']}/logs").text
+
+        assert http.post(f"/v1/schedules/{sid}/pause").json()["paused"] is True
+        time.sleep(2.0)  # a run started just before the pause creates its sweep now
+        paused_count = len(runs())
+        time.sleep(7.0)
+        assert len(runs()) == paused_count, "a paused schedule fired"
+
+        http.post(f"/v1/schedules/{sid}/trigger")
+        deadline = time.monotonic() + 20
+        while len(runs()) < paused_count + 1:
+            assert time.monotonic() < deadline, "trigger did not start a sweep"
+            time.sleep(0.3)
+
+        assert http.post(f"/v1/schedules/{sid}/resume").json()["paused"] is False
+        deadline = time.monotonic() + 20
+        while len(runs()) < paused_count + 2:
+            assert time.monotonic() < deadline, "a resumed schedule did not fire"
+            time.sleep(0.3)
+
+        with platform.client("beta-token") as other:
+            assert other.get(f"/v1/schedules/{sid}").status_code == 404
+            assert other.post(f"/v1/schedules/{sid}/pause").status_code == 404
+            assert sid not in [s["id"] for s in other.get("/v1/schedules").json()]
+        assert http.delete(f"/v1/schedules/{sid}").status_code == 204
+        assert http.get(f"/v1/schedules/{sid}").status_code == 404
