@@ -440,8 +440,6 @@ def queue(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> No
         _emit(_check(http.get("/v1/queue")), output, show)
 
 
-
-
 from fairgang.cli_sweeps import schedule_app, sweep_app  # noqa: E402
 
 app.add_typer(sweep_app, name="sweep")
