@@ -1,0 +1,122 @@
+"""Run several policies on one workload and fleet, with the estimator scored along the way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from scheduler.core.types import Snapshot
+from simulator.engine import SimOptions, SimResult, simulate
+from simulator.estimate import estimate_starts
+from simulator.fleet import Fleet
+from simulator.metrics import estimate_accuracy, summarize
+from simulator.policies import get_policy
+from simulator.report import RunSet
+from simulator.workload import Workload, offered_load
+
+HOUR = 3600.0
+
+
+class EstimatorProbe:
+    """A cycle hook that, at most every ``every_s``, predicts the start of every waiting job.
+
+    Predictions use a fresh instance of the policy under test, so they see exactly what
+    the live API would. Jobs that arrived since the previous cycle count as "at submit".
+    """
+
+    def __init__(self, make_policy: Callable[[], Callable[..., object]], *, every_s: float, step_s: float, max_steps: int) -> None:
+        self.make = make_policy
+        self.every_s = every_s
+        self.step_s = step_s
+        self.max_steps = max_steps
+        self.last = -float("inf")
+        #: (job id, made at, predicted start or None, made at submission)
+        self.predictions: list[tuple[str, float, float | None, bool]] = []
+
+    def __call__(self, snapshot: Snapshot, now: float, new_ids: list[str]) -> None:
+        if now - self.last < self.every_s or not snapshot.pending:
+            return
+        self.last = now
+        fresh = set(new_ids)
+        starts = estimate_starts(snapshot, now, self.make(), step_s=self.step_s, max_steps=self.max_steps)  # type: ignore[arg-type]
+        for job in snapshot.pending:
+            if job.attempt == 1:
+                self.predictions.append((job.id, now, starts.get(job.id), job.id in fresh))
+
+
+def run_set(
+    workload: Workload,
+    fleet: Fleet,
+    policies: Sequence[str],
+    *,
+    title: str,
+    command: str,
+    options: SimOptions,
+    estimate_for: Sequence[str] = ("ours",),
+    estimate_every_s: float = 6 * HOUR,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> RunSet:
+    """Simulate each policy (a fresh instance each) and summarise it."""
+    load = offered_load(workload, fleet.total_gpus())
+    gpu_h = workload.gpu_seconds() / HOUR
+    runs = RunSet(
+        title=title,
+        setup=[
+            f"- workload: {workload.name}, {len(workload.jobs)} jobs, {gpu_h:,.0f} GPU-hours, offered load {load:.2f}, "
+            f"{len({j.tenant for j in workload.jobs})} tenants",
+            f"- fleet: {fleet.name}: {len(fleet.nodes)} nodes, {fleet.total_gpus()} GPUs "
+            + ", ".join(f"{t} {c}" for t, c in fleet.capacity().items()),
+            f"- engine: cycles on a {options.cycle_s:g} s grid (and every {options.tick_s:g} s while jobs wait), restart overhead "
+            f"{options.restart_overhead_s:g} s, node MTBF {options.node_mtbf_h or '-'} h, "
+            f"GPU MTBF {options.gpu_mtbf_h or '-'} h, seed {options.seed}",
+        ],
+        command=command,
+        jobs=len(workload.jobs),
+    )
+    for name in policies:
+        spec = get_policy(name)
+        opts = replace(options, oracle_runtime=spec.oracle_runtime or options.oracle_runtime, fresh_checkpoints=spec.needs_checkpoints)
+        probe = EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150) if name in estimate_for else None
+
+        def tick(done: int, total: int, _name: str = name) -> None:
+            if progress is not None:
+                progress(_name, done, total)
+
+        result: SimResult = simulate(workload, fleet, spec.make(), name=name, options=opts, hook=probe, progress=tick)
+        runs.results[name] = result
+        runs.summaries[name] = summarize(result)
+        if probe is not None:
+            runs.estimates[name] = estimate_accuracy(probe.predictions, result.records)
+    return runs
+
+
+def core_fingerprint() -> str:
+    """SHA-256 (first 12 hex digits) of the production core's sources: which "ours" a run measured."""
+    import hashlib
+
+    import scheduler.core
+
+    digest = hashlib.sha256()
+    for source in sorted(Path(scheduler.core.__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def write_summary_json(runs: RunSet, path: Path) -> None:
+    """The numbers behind a report, for docs/evaluation.md to be generated from."""
+    data = {
+        "core_sha256": core_fingerprint(),
+        "title": runs.title,
+        "setup": runs.setup,
+        "command": runs.command,
+        "jobs": runs.jobs,
+        "summaries": {n: asdict(s) for n, s in runs.summaries.items()},
+        "estimates": {n: asdict(e) for n, e in runs.estimates.items()},
+        "speed": {
+            n: {"wall_s": r.wall_s, "policy_s": r.policy_s, "cycles": r.cycles, "jobs": len(r.records), "invalid": len(r.invalid)}
+            for n, r in runs.results.items()
+        },
+    }
+    path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")

@@ -1,0 +1,664 @@
+"""The discrete-event engine: a virtual clock, a fleet, a workload and one policy.
+
+Every policy is a callable ``(Snapshot, now) -> Decisions`` (the production core's
+contract). The engine builds full snapshots (nodes with free GPUs, the queue, tenants with
+quotas and decayed usage, running jobs with their members and checkpoints), calls the
+policy, and applies what it decided: preemptions first (the victim loses the work since its
+last checkpoint and goes back to the queue), then bindings (checked: whole gang, free GPUs,
+right type, one topology domain).
+
+Cycles follow the placement service: one runs after anything that changes the queue or
+the free capacity, on a grid of ``cycle_s`` seconds (events inside one grid step share a
+cycle), and at least every ``tick_s`` while jobs wait (aging, max-wait and attained-service
+rules need time to pass).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from scheduler.core.types import (
+    Decisions,
+    Member,
+    NodeView,
+    PendingJob,
+    Reservation,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    TenantView,
+)
+from simulator.fleet import Fleet, TenantSpec
+from simulator.workload import SimJob, Workload, resolve_tenants
+
+Policy = Callable[[Snapshot, float], Decisions]
+#: Called as ``on_cycle(snapshot, now, new_job_ids)`` before the policy runs (the estimator hooks in here).
+CycleHook = Callable[[Snapshot, float, list[str]], None]
+
+_PENDING, _RUNNING, _DONE, _NEVER = 0, 1, 2, 3
+_FINISH, _NODE_FAIL, _NODE_REPAIR, _GPU_FAIL, _GPU_REPAIR, _SAMPLE, _CKPT = range(7)
+
+
+class SimulationError(RuntimeError):
+    """A policy decided something impossible (in strict mode), or the run cannot go on."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of one run."""
+
+    #: Cycles land on this grid (seconds); 0: a cycle at every event time.
+    cycle_s: float = 30.0
+    #: While jobs wait, a cycle at least this often.
+    tick_s: float = 300.0
+    #: Paid again (as lost GPU time) by every restart after a preemption or failure.
+    restart_overhead_s: float = 120.0
+    #: Sampling step for utilisation, demand and shares; None: about 1,500 samples.
+    sample_s: float | None = None
+    #: Mean time between failures of one node (hours); None: no node failures.
+    node_mtbf_h: float | None = None
+    node_repair_h: float = 4.0
+    #: Mean time between fatal faults of one GPU (hours); None: none.
+    gpu_mtbf_h: float | None = None
+    gpu_repair_h: float = 24.0
+    #: Give the policy the true remaining run time as ``expected_runtime_s`` (the SJF oracle).
+    oracle_runtime: bool = False
+    #: Refresh running jobs' ``last_checkpoint_at`` as checkpoints happen (costs time; only
+    #: policies that plan preemptions need it).
+    fresh_checkpoints: bool = True
+    #: Raise on an impossible decision instead of counting and skipping it.
+    strict: bool = False
+    #: Tenants' decayed usage in the snapshot is recomputed at most this often (it moves
+    #: slowly: the half-life is a day).
+    usage_refresh_s: float = 300.0
+    seed: int = 0
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job."""
+
+    id: str
+    tenant: str
+    gpu_type: str
+    gpu_count: int
+    submit: float
+    first_start: float | None
+    finish: float | None
+    #: Total time spent waiting in the queue, over all attempts.
+    queued_s: float
+    #: GPU-seconds held (useful, lost and restart overhead).
+    held_gpu_s: float
+    lost_gpu_s: float
+    preemptions: int
+    failures: int
+    duration_s: float
+
+
+@dataclass
+class Samples:
+    """Fleet state on a regular time grid."""
+
+    times: list[float] = field(default_factory=list)
+    #: Per sample, per GPU type (``types`` order): GPUs held, GPUs demanded (held + queued), schedulable GPUs.
+    used: list[list[int]] = field(default_factory=list)
+    demand: list[list[int]] = field(default_factory=list)
+    capacity: list[list[int]] = field(default_factory=list)
+    #: Per sample, per tenant (``tenants`` order): GPUs held; and GPUs demanded per type.
+    tenant_used: list[list[int]] = field(default_factory=list)
+    tenant_demand: list[list[list[int]]] = field(default_factory=list)
+    #: Free GPUs stranded on partly used nodes, and all free schedulable GPUs.
+    stranded: list[int] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)
+    queued_jobs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    records: list[JobRecord]
+    samples: Samples
+    types: list[str]
+    capacity: dict[str, int]
+    tenants: tuple[TenantSpec, ...]
+    preemptions: int = 0
+    failures: int = 0
+    invalid: list[str] = field(default_factory=list)
+    cycles: int = 0
+    wall_s: float = 0.0
+    policy_s: float = 0.0
+    end_time: float = 0.0
+
+
+class _Job:
+    __slots__ = (
+        "attempt",
+        "done_s",
+        "failures",
+        "finish",
+        "first_start",
+        "held_gpu_s",
+        "idx",
+        "job",
+        "lost_gpu_s",
+        "members",
+        "overhead_s",
+        "preemptions",
+        "queued_at",
+        "queued_s",
+        "started_at",
+        "state",
+        "tenant_i",
+        "type_i",
+    )  # fmt: skip
+
+    def __init__(self, idx: int, job: SimJob, tenant_i: int, type_i: int) -> None:
+        self.idx, self.job, self.tenant_i, self.type_i = idx, job, tenant_i, type_i
+        self.attempt = 0
+        self.done_s = 0.0
+        self.state = _PENDING
+        self.queued_at = 0.0
+        self.queued_s = 0.0
+        self.started_at = 0.0
+        self.overhead_s = 0.0
+        self.members: tuple[Member, ...] = ()
+        self.first_start: float | None = None
+        self.finish: float | None = None
+        self.held_gpu_s = 0.0
+        self.lost_gpu_s = 0.0
+        self.preemptions = 0
+        self.failures = 0
+
+
+class Engine:
+    """One simulation run; use :func:`simulate`."""
+
+    def __init__(self, workload: Workload, fleet: Fleet, policy: Policy, name: str, options: SimOptions) -> None:
+        self.opt = options
+        self.policy = policy
+        self.name = name
+        self.fleet = fleet
+        self.rng = random.Random(options.seed)
+        self.tenants = resolve_tenants(fleet, workload)
+        self.tenant_index = {t.name: i for i, t in enumerate(self.tenants)}
+        self.types = sorted(fleet.capacity())
+        self.type_index = {t: i for i, t in enumerate(self.types)}
+        self.capacity = fleet.capacity()
+        nodes = fleet.nodes
+        self.nodes = nodes
+        self.node_index = {n.id: i for i, n in enumerate(nodes)}
+        self.node_type_i = [self.type_index[n.gpu_type] for n in nodes]
+        self.free: list[set[int]] = [set(range(n.gpus)) for n in nodes]
+        self.owner: list[dict[int, int]] = [{} for _ in nodes]
+        self.up = [True] * len(nodes)
+        self.broken: list[set[int]] = [set() for _ in nodes]
+        self.views: list[NodeView] = [self._view(i) for i in range(len(nodes))]
+        self.stale_views: set[int] = set()
+        self.nodes_tuple: tuple[NodeView, ...] | None = None
+        self.domains: list[dict[str, str]] = [dict(n.labels) for n in nodes]
+        for job in workload.jobs:
+            if job.gpu_type not in self.type_index:
+                raise SimulationError(f"job {job.id}: GPU type {job.gpu_type} is not in the fleet")
+        self.jobs = [_Job(i, j, self.tenant_index[j.tenant], self.type_index[j.gpu_type]) for i, j in enumerate(workload.jobs)]
+        self.job_index = {j.job.id: i for i, j in enumerate(self.jobs)}
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningJob] = {}
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.next_arrival = 0
+        self.done = 0
+        self.cycle_at: float | None = None
+        self.new_ids: list[str] = []
+        self.outstanding_repairs = 0
+        self.result = SimResult(policy=name, records=[], samples=Samples(), types=self.types, capacity=self.capacity, tenants=self.tenants)
+        nt, ntypes = len(self.tenants), len(self.types)
+        self.tenant_used = [0] * nt
+        self.tenant_demand = [[0] * ntypes for _ in range(nt)]
+        self.type_used = [0] * ntypes
+        self.type_demand = [0] * ntypes
+        # Decayed usage per (tenant, type): value at ``usage_t``, growing at the tenant's held GPUs.
+        self.usage = [[0.0] * ntypes for _ in range(nt)]
+        self.usage_rate = [[0] * ntypes for _ in range(nt)]
+        self.usage_t = [[0.0] * ntypes for _ in range(nt)]
+        self.decay = math.log(2) / options.config.usage_half_life_s
+        self.tenant_cache: tuple[float, tuple[TenantView, ...]] | None = None
+        #: The last cycle's reservations (and nominations), fed back to the next cycle as the service does.
+        self.reservations: tuple[Reservation, ...] = ()
+
+    # ----------------------------------------------------------------- events
+    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def _want_cycle(self, t: float) -> None:
+        if not self.pending:
+            return
+        q = self.opt.cycle_s
+        at = max(t, math.ceil(t / q) * q) if q > 0 else t
+        if self.cycle_at is None or at < self.cycle_at:
+            self.cycle_at = at
+
+    def _touch(self, node_i: int) -> None:
+        self.stale_views.add(node_i)
+        self.nodes_tuple = None
+
+    def _account(self, js: _Job, now: float, gpus: int, running: int) -> None:
+        """Change a tenant's held GPUs (and its decayed usage's growth rate) at ``now``."""
+        ti, ty = js.tenant_i, js.type_i
+        self._settle_usage(ti, ty, now)
+        self.usage_rate[ti][ty] += gpus * running
+        self.tenant_used[ti] += gpus * running
+        self.type_used[ty] += gpus * running
+
+    def _settle_usage(self, ti: int, ty: int, now: float) -> None:
+        dt = now - self.usage_t[ti][ty]
+        if dt > 0:
+            k = math.exp(-self.decay * dt)
+            self.usage[ti][ty] = self.usage[ti][ty] * k + self.usage_rate[ti][ty] * (1 - k) / self.decay
+            self.usage_t[ti][ty] = now
+
+    def _enqueue(self, js: _Job, now: float) -> None:
+        js.attempt += 1
+        js.state = _PENDING
+        js.queued_at = now
+        job = js.job
+        remaining = job.duration_s - js.done_s + (self.opt.restart_overhead_s if js.attempt > 1 else 0.0)
+        self.pending[js.idx] = PendingJob(
+            id=job.id,
+            tenant=job.tenant,
+            attempt=js.attempt,
+            gpu_type=job.gpu_type,
+            gpu_count=job.gpu_count,
+            priority=job.priority,
+            queued_at=now,
+            topology_level=job.topology_level,
+            topology_required=True,
+            max_runtime_s=job.max_runtime_s,
+            expected_runtime_s=remaining if self.opt.oracle_runtime else None,
+            preemptible=job.preemptible,
+            submitted_at=job.submit_s,
+        )
+        self.tenant_demand[js.tenant_i][js.type_i] += job.gpu_count
+        self.type_demand[js.type_i] += job.gpu_count
+        self.new_ids.append(job.id)
+        self._want_cycle(now)
+
+    def _start(self, js: _Job, members: tuple[Member, ...], now: float) -> None:
+        job = js.job
+        del self.pending[js.idx]
+        js.state = _RUNNING
+        js.queued_s += now - js.queued_at
+        if js.first_start is None:
+            js.first_start = now
+        js.started_at = now
+        js.members = members
+        js.overhead_s = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+        for m in members:
+            ni = self.node_index[m.node_id]
+            free, owner = self.free[ni], self.owner[ni]
+            for g in m.gpu_indices:
+                free.discard(g)
+                owner[g] = js.idx
+            self._touch(ni)
+        self._account(js, now, job.gpu_count, 1)
+        run = js.overhead_s + job.duration_s - js.done_s
+        self._push(now + run, _FINISH, js.idx, js.attempt)
+        self.running[js.idx] = self._running_view(js, None)
+        if self.opt.fresh_checkpoints and math.isfinite(job.checkpoint_interval_s):
+            first = now + js.overhead_s + job.checkpoint_interval_s
+            if first < now + run:
+                self._push(first, _CKPT, js.idx, js.attempt)
+
+    def _running_view(self, js: _Job, last_ckpt: float | None) -> RunningJob:
+        job = js.job
+        remaining = js.overhead_s + job.duration_s - js.done_s
+        expected = remaining if self.opt.oracle_runtime else max(job.max_runtime_s, remaining)
+        return RunningJob(
+            id=job.id,
+            tenant=job.tenant,
+            attempt=js.attempt,
+            gpu_type=job.gpu_type,
+            gpu_count=job.gpu_count,
+            priority=job.priority,
+            members=js.members,
+            started_at=js.started_at,
+            expected_end=js.started_at + expected,
+            last_checkpoint_at=last_ckpt,
+            preemptible=job.preemptible,
+        )
+
+    def _release(self, js: _Job, now: float) -> None:
+        for m in js.members:
+            ni = self.node_index[m.node_id]
+            free, owner, broken = self.free[ni], self.owner[ni], self.broken[ni]
+            for g in m.gpu_indices:
+                owner.pop(g, None)
+                if g not in broken:
+                    free.add(g)
+            self._touch(ni)
+        held = (now - js.started_at) * js.job.gpu_count
+        js.held_gpu_s += held
+        self._account(js, now, js.job.gpu_count, -1)
+        self.tenant_demand[js.tenant_i][js.type_i] -= js.job.gpu_count
+        self.type_demand[js.type_i] -= js.job.gpu_count
+        del self.running[js.idx]
+        js.members = ()
+
+    def _stop(self, js: _Job, now: float, *, failure: bool) -> None:
+        """Stop a running attempt; keep the work up to its last checkpoint and queue it again."""
+        job = js.job
+        useful = max(0.0, now - js.started_at - js.overhead_s)
+        interval = job.checkpoint_interval_s
+        saved = math.floor(useful / interval) * interval if math.isfinite(interval) else 0.0
+        saved = min(saved, job.duration_s - js.done_s)
+        js.done_s += saved
+        js.lost_gpu_s += (now - js.started_at - saved) * job.gpu_count
+        self._release(js, now)
+        if failure:
+            js.failures += 1
+            self.result.failures += 1
+        else:
+            js.preemptions += 1
+            self.result.preemptions += 1
+        self._enqueue(js, now)
+
+    def _finish(self, js: _Job, now: float) -> None:
+        self._release(js, now)
+        js.state = _DONE
+        js.finish = now
+        self.done += 1
+        self._want_cycle(now)
+
+    # ------------------------------------------------------------- snapshot
+    def _node_views(self) -> tuple[NodeView, ...]:
+        if self.nodes_tuple is None:
+            for i in self.stale_views:
+                self.views[i] = self._view(i)
+            self.stale_views.clear()
+            self.nodes_tuple = tuple(self.views)
+        return self.nodes_tuple
+
+    def _view(self, i: int) -> NodeView:
+        n = self.nodes[i]
+        return NodeView(
+            id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=n.labels, free=frozenset(self.free[i]), schedulable=self.up[i]
+        )
+
+    def _tenant_views(self, now: float) -> tuple[TenantView, ...]:
+        if self.tenant_cache is not None and now - self.tenant_cache[0] < self.opt.usage_refresh_s:
+            return self.tenant_cache[1]
+        out = []
+        for ti, t in enumerate(self.tenants):
+            usage = []
+            for ty, name in enumerate(self.types):
+                self._settle_usage(ti, ty, now)
+                if self.usage[ti][ty] > 0:
+                    usage.append((name, self.usage[ti][ty]))
+            out.append(TenantView(name=t.name, weight=t.weight, cohort=t.cohort, quotas=t.quotas, decayed_usage=tuple(usage)))
+        self.tenant_cache = (now, tuple(out))
+        return self.tenant_cache[1]
+
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(
+            nodes=self._node_views(),
+            pending=tuple(self.pending.values()),
+            topology_levels=self.fleet.topology_levels,
+            tenants=self._tenant_views(now),
+            running=tuple(self.running.values()),
+            config=self.opt.config,
+            reservations=self.reservations,
+        )
+
+    # ---------------------------------------------------------------- cycle
+    def _invalid(self, message: str) -> None:
+        if self.opt.strict:
+            raise SimulationError(f"{self.name}: {message}")
+        self.result.invalid.append(message)
+
+    def _check_members(self, js: _Job, members: tuple[Member, ...]) -> str | None:
+        job = js.job
+        if sum(len(m.gpu_indices) for m in members) != job.gpu_count:
+            return f"bind of {job.id} gives {sum(len(m.gpu_indices) for m in members)} GPUs, it needs {job.gpu_count}"
+        seen: set[str] = set()
+        domains: set[str | None] = set()
+        for m in members:
+            ni = self.node_index.get(m.node_id)
+            if ni is None or m.node_id in seen:
+                return f"bind of {job.id} names node {m.node_id} twice or unknown"
+            seen.add(m.node_id)
+            if self.nodes[ni].gpu_type != job.gpu_type or not self.up[ni]:
+                return f"bind of {job.id} on {m.node_id}: wrong GPU type or node down"
+            if len(set(m.gpu_indices)) != len(m.gpu_indices) or not set(m.gpu_indices) <= self.free[ni]:
+                return f"bind of {job.id} on {m.node_id}: GPUs {m.gpu_indices} are not free"
+            level = job.topology_level
+            domains.add(m.node_id if level == "node" else self.domains[ni].get(level))
+        if len(domains) != 1 or None in domains:
+            return f"bind of {job.id} spans more than one {job.topology_level}"
+        return None
+
+    def _cycle(self, now: float, hook: CycleHook | None) -> None:
+        self.cycle_at = None
+        snap = self.snapshot(now)
+        if hook is not None:
+            hook(snap, now, self.new_ids)
+        self.new_ids = []
+        t0 = time.perf_counter()
+        decisions = self.policy(snap, now)
+        self.result.policy_s += time.perf_counter() - t0
+        self.result.cycles += 1
+        self.reservations = decisions.reservations
+        for p in decisions.preemptions:
+            i = self.job_index.get(p.job_id)
+            if i is None or self.jobs[i].state != _RUNNING or self.jobs[i].attempt != p.attempt:
+                self._invalid(f"preemption of {p.job_id} (attempt {p.attempt}), which is not running")
+                continue
+            self._stop(self.jobs[i], now, failure=False)
+        for b in decisions.binds:
+            i = self.job_index.get(b.job_id)
+            if i is None or self.jobs[i].state != _PENDING or self.jobs[i].attempt != b.attempt or i not in self.pending:
+                self._invalid(f"bind of {b.job_id} (attempt {b.attempt}), which is not queued")
+                continue
+            problem = self._check_members(self.jobs[i], b.members)
+            if problem:
+                self._invalid(problem)
+                continue
+            self._start(self.jobs[i], b.members, now)
+        if self.cycle_at is not None and self.cycle_at <= now:
+            # Preempted jobs came back into the queue: look again at the next grid step, not in a loop now.
+            self.cycle_at = now + (self.opt.cycle_s or 1.0)
+        if self.pending:
+            stuck = not decisions.binds and not decisions.preemptions and not self.running
+            if stuck and self.next_arrival >= len(self.jobs) and not self.outstanding_repairs:
+                # Nothing will ever change: the remaining jobs can never start.
+                for i in list(self.pending):
+                    self.jobs[i].state = _NEVER
+                    self.done += 1
+                self.pending.clear()
+                return
+            tick = now + self.opt.tick_s
+            if self.cycle_at is None or tick < self.cycle_at:
+                self.cycle_at = tick
+
+    # -------------------------------------------------------------- failures
+    def _schedule_failures(self, now: float) -> None:
+        if self.opt.node_mtbf_h:
+            rate = len(self.nodes) / (self.opt.node_mtbf_h * 3600.0)
+            self._push(now + self.rng.expovariate(rate), _NODE_FAIL, -1)
+        if self.opt.gpu_mtbf_h:
+            rate = self.fleet.total_gpus() / (self.opt.gpu_mtbf_h * 3600.0)
+            self._push(now + self.rng.expovariate(rate), _GPU_FAIL, -1)
+
+    def _node_fail(self, now: float) -> None:
+        rate = len(self.nodes) / (self.opt.node_mtbf_h or 1.0) / 3600.0
+        self._push(now + self.rng.expovariate(rate), _NODE_FAIL, -1)
+        ni = self.rng.randrange(len(self.nodes))
+        if not self.up[ni]:
+            return
+        self.up[ni] = False
+        self._touch(ni)
+        for j in sorted(set(self.owner[ni].values())):
+            self._stop(self.jobs[j], now, failure=True)
+        self.outstanding_repairs += 1
+        self._push(now + self.opt.node_repair_h * 3600.0, _NODE_REPAIR, ni)
+
+    def _gpu_fail(self, now: float) -> None:
+        rate = self.fleet.total_gpus() / (self.opt.gpu_mtbf_h or 1.0) / 3600.0
+        self._push(now + self.rng.expovariate(rate), _GPU_FAIL, -1)
+        ni = self.rng.randrange(len(self.nodes))
+        g = self.rng.randrange(self.nodes[ni].gpus)
+        if g in self.broken[ni]:
+            return
+        self.broken[ni].add(g)
+        self.free[ni].discard(g)
+        self._touch(ni)
+        if g in self.owner[ni]:
+            self._stop(self.jobs[self.owner[ni][g]], now, failure=True)
+        self.outstanding_repairs += 1
+        self._push(now + self.opt.gpu_repair_h * 3600.0, _GPU_REPAIR, ni, g)
+
+    # -------------------------------------------------------------- samples
+    def _sample(self, now: float) -> None:
+        s = self.result.samples
+        s.times.append(now)
+        s.used.append(list(self.type_used))
+        s.demand.append(list(self.type_demand))
+        cap = [0] * len(self.types)
+        stranded = free_total = 0
+        for i, n in enumerate(self.nodes):
+            if not self.up[i]:
+                continue
+            f = len(self.free[i])
+            cap[self.node_type_i[i]] += n.gpus - len(self.broken[i])
+            free_total += f
+            if 0 < f < n.gpus:
+                stranded += f
+        s.capacity.append(cap)
+        s.tenant_used.append(list(self.tenant_used))
+        s.tenant_demand.append([list(row) for row in self.tenant_demand])
+        s.stranded.append(stranded)
+        s.free.append(free_total)
+        s.queued_jobs.append(len(self.pending))
+
+    # ------------------------------------------------------------------ run
+    def run(self, *, hook: CycleHook | None = None, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        started = time.perf_counter()
+        jobs = self.jobs
+        total = len(jobs)
+        if total == 0:
+            return self.result
+        first = jobs[0].job.submit_s
+        last = jobs[-1].job.submit_s
+        sample_s = self.opt.sample_s or max(60.0, (last - first + 48 * 3600.0) / 1500.0)
+        self._push(first, _SAMPLE, 0)
+        self._schedule_failures(first)
+        report_every = max(1, total // 200)
+        next_report = report_every
+        now = first
+        heap = self.heap
+        while self.done < total:
+            t_arr = jobs[self.next_arrival].job.submit_s if self.next_arrival < total else math.inf
+            t_ev = heap[0][0] if heap else math.inf
+            t = min(t_arr, t_ev)
+            if self.cycle_at is not None and self.cycle_at < t:
+                now = self.cycle_at
+                self._cycle(now, hook)
+                if progress is not None and self.done >= next_report:
+                    progress(self.done, total)
+                    next_report = self.done + report_every
+                continue
+            if t == math.inf:
+                raise SimulationError("no events left but jobs unfinished")
+            now = t
+            if t_arr <= t_ev:
+                js = jobs[self.next_arrival]
+                self.next_arrival += 1
+                self._enqueue(js, now)
+                continue
+            _, _, kind, a, b = heapq.heappop(heap)
+            if kind == _FINISH:
+                js = jobs[a]
+                if js.state == _RUNNING and js.attempt == b:
+                    self._finish(js, now)
+            elif kind == _CKPT:
+                js = jobs[a]
+                if js.state == _RUNNING and js.attempt == b:
+                    self.running[a] = self._running_view(js, now)
+                    nxt = now + js.job.checkpoint_interval_s
+                    end = js.started_at + js.overhead_s + js.job.duration_s - js.done_s
+                    if nxt < end:
+                        self._push(nxt, _CKPT, a, b)
+            elif kind == _SAMPLE:
+                self._sample(now)
+                self._push(now + sample_s, _SAMPLE, 0)
+            elif kind == _NODE_FAIL:
+                self._node_fail(now)
+                self._want_cycle(now)
+            elif kind == _GPU_FAIL:
+                self._gpu_fail(now)
+                self._want_cycle(now)
+            elif kind == _NODE_REPAIR:
+                self.up[a] = True
+                self._touch(a)
+                self.outstanding_repairs -= 1
+                self._want_cycle(now)
+            elif kind == _GPU_REPAIR:
+                self.broken[a].discard(b)
+                if b not in self.owner[a]:
+                    self.free[a].add(b)
+                self._touch(a)
+                self.outstanding_repairs -= 1
+                self._want_cycle(now)
+        self._sample(now)
+        if progress is not None:
+            progress(total, total)
+        self.result.end_time = now
+        self.result.records = [
+            JobRecord(
+                id=js.job.id,
+                tenant=js.job.tenant,
+                gpu_type=js.job.gpu_type,
+                gpu_count=js.job.gpu_count,
+                submit=js.job.submit_s,
+                first_start=js.first_start,
+                finish=js.finish,
+                queued_s=js.queued_s,
+                held_gpu_s=js.held_gpu_s,
+                lost_gpu_s=js.lost_gpu_s,
+                preemptions=js.preemptions,
+                failures=js.failures,
+                duration_s=js.job.duration_s,
+            )
+            for js in jobs
+        ]
+        self.result.wall_s = time.perf_counter() - started
+        return self.result
+
+
+def simulate(
+    workload: Workload,
+    fleet: Fleet,
+    policy: Policy,
+    *,
+    name: str = "policy",
+    options: SimOptions | None = None,
+    hook: CycleHook | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run ``workload`` on ``fleet`` under ``policy`` until every job has finished.
+
+    Args:
+        workload: the jobs, sorted by submit time.
+        fleet: nodes and (optionally) configured tenants.
+        policy: ``(snapshot, now) -> Decisions``; a fresh instance per run when it keeps state.
+        name: the policy's name in results and errors.
+        options: engine knobs.
+        hook: called before each cycle with the snapshot (the estimator's evaluation uses it).
+        progress: called with (jobs done, jobs in all) now and then.
+    """
+    return Engine(workload, fleet, policy, name, options or SimOptions()).run(hook=hook, progress=progress)

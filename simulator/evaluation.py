@@ -1,0 +1,314 @@
+"""Generate docs/evaluation.md from the summaries that ``fairgang sim`` wrote (never from typed numbers).
+
+Usage::
+
+    fairgang sim --workload philly --load 0.7 --seed 0 --out docs/evaluation/load-70 --title "Philly trace at load 0.7"
+    fairgang sim --workload philly --load 1.0 --seed 0 --out docs/evaluation/load-100 --title "Philly trace at load 1.0"
+    python -m simulator.evaluation bench --out docs/evaluation/speed.json   # simulator speed, 100k synthetic jobs
+    python -m simulator.evaluation doc                                      # writes docs/evaluation.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from simulator.workload import SIZE_CLASSES
+
+DOCS = Path("docs")
+RUNS = (("load-70", "about 70 %"), ("load-100", "about 100 %"))
+#: Lower is better for these; higher for the rest.
+LOWER = {"avg_jct", "p99_wait", "avg_wait", "max_wait", "lost_gpu_h"}
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def _metric(summary: dict[str, Any], key: str) -> float:
+    if key in summary["overall"]:
+        return float(summary["overall"][key])
+    return float(summary[key])
+
+
+def _compare(data: dict[str, Any]) -> list[str]:
+    """Where ours wins and loses, metric by metric, against every baseline."""
+    s = data["summaries"]
+    if "ours" not in s:
+        return ["- (no run of ours)"]
+    metrics = [
+        ("avg_jct", "average JCT"),
+        ("avg_wait", "average queueing delay"),
+        ("p99_wait", "p99 queueing delay"),
+        ("max_wait", "maximum wait"),
+        ("jain_mean", "fairness (mean Jain index)"),
+        ("util_vs_bound", "utilisation against its bound"),
+        ("lost_gpu_h", "GPU-hours lost to preemption"),
+    ]
+    lines = []
+    for key, label in metrics:
+        ours = _metric(s["ours"], key)
+        better: list[str] = []
+        worse: list[str] = []
+        same: list[str] = []
+        for name, other in s.items():
+            if name == "ours":
+                continue
+            theirs = _metric(other, key)
+            tol = 0.01 * max(abs(ours), abs(theirs), 1e-9) + (1e-3 if key in ("jain_mean", "util_vs_bound") else 0.01)
+            if abs(ours - theirs) <= tol:
+                same.append(name)
+                continue
+            ours_better = ours < theirs if key in LOWER else ours > theirs
+            (better if ours_better else worse).append(f"{name} ({_f(theirs, 3 if key in ('jain_mean', 'util_vs_bound') else 2)})")
+        value = _f(ours, 3 if key in ("jain_mean", "util_vs_bound") else 2)
+        if not better and not worse:
+            lines.append(f"- **{label}** (ours {value}): the same as every baseline (within 1 %).")
+            continue
+        said = [f"better than {', '.join(better)}" if better else "better than no baseline"]
+        said.append(f"worse than {', '.join(worse)}" if worse else "worse than none")
+        if same:
+            said.append(f"within 1 % of {', '.join(same)}")
+        lines.append(f"- **{label}** (ours {value}): " + "; ".join(said) + ".")
+    big = []
+    for name, v in s.items():
+        parts = [v["by_size"][c] for c in ("9-32", "33+") if c in v["by_size"] and v["by_size"][c]["finished"]]
+        n = sum(p["finished"] for p in parts)
+        if n:
+            big.append((name, sum(p["avg_wait"] * p["finished"] for p in parts) / n, n))
+    if big:
+        ranked = sorted(big, key=lambda x: x[1])
+        lines.append(
+            f"- **multi-node gangs (9+ GPUs, {big[0][2]} jobs), average wait, best first:** "
+            + ", ".join(f"{name} {_f(w)}" for name, w, _ in ranked)
+            + "."
+        )
+    return lines
+
+
+def _headline(data: dict[str, Any]) -> list[str]:
+    lines = [
+        "| policy | avg JCT h | p50 JCT | p99 JCT | avg wait h | p90 wait | p99 wait | max wait | makespan h | util "
+        "| util/bound | Jain mean (min) | preemptions | GPU-h lost | stranded free |",
+        "|---|" + "---:|" * 14,
+    ]
+    for name, s in data["summaries"].items():
+        o = s["overall"]
+        lines.append(
+            f"| {name} | {_f(o['avg_jct'])} | {_f(o['p50_jct'])} | {_f(o['p99_jct'])} | {_f(o['avg_wait'])} | {_f(o['p90_wait'])} | "
+            f"{_f(o['p99_wait'])} | {_f(o['max_wait'])} | {_f(s['makespan_h'], 1)} | {s['utilisation']:.1%} | {s['util_vs_bound']:.1%} | "
+            f"{s['jain_mean']:.3f} ({s['jain_min']:.3f}) | {s['preemptions']} | {_f(s['lost_gpu_h'], 0)} | {s['stranded_frac']:.1%} |"
+        )
+    return lines
+
+
+def _sizes(data: dict[str, Any]) -> list[str]:
+    names = list(data["summaries"])
+    lines = ["| size (GPUs) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for cls in SIZE_CLASSES:
+        cells = []
+        for n in names:
+            st = data["summaries"][n]["by_size"].get(cls)
+            cells.append(f"{_f(st['avg_wait'])} / {_f(st['p99_wait'])}" if st else "-")
+        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _estimates(data: dict[str, Any]) -> list[str]:
+    lines = [
+        "| policy | predictions at submit | median abs error h | p90 abs error h | median signed error h "
+        "| predictions while waiting | median abs error h | p90 abs error h | beyond horizon |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, e in data["estimates"].items():
+        lines.append(
+            f"| {name} | {e['at_submit']} | {_f(e['at_submit_median_abs_h'])} | {_f(e['at_submit_p90_abs_h'])} | "
+            f"{_f(e['at_submit_median_signed_h'])} | {e['while_waiting']} | {_f(e['while_waiting_median_abs_h'])} | "
+            f"{_f(e['while_waiting_p90_abs_h'])} | {e['beyond_horizon']} |"
+        )
+    return lines
+
+
+def _speed(data: dict[str, Any]) -> list[str]:
+    lines = ["| policy | jobs | wall s | of which in the policy | cycles | jobs/s |", "|---|---:|---:|---:|---:|---:|"]
+    for name, sp in data["speed"].items():
+        share = sp["policy_s"] / sp["wall_s"] if sp["wall_s"] else 0.0
+        lines.append(
+            f"| {name} | {sp['jobs']} | {sp['wall_s']:.1f} | {share:.0%} | {sp['cycles']} | {sp['jobs'] / max(sp['wall_s'], 1e-9):,.0f} |"
+        )
+    return lines
+
+
+def bench(out: Path, *, jobs: int, policies: list[str], load: float, seed: int) -> None:
+    """Time the engine on a synthetic SPEC-scale workload; writes a JSON file."""
+    from simulator.engine import SimOptions, simulate
+    from simulator.fleet import spec_fleet
+    from simulator.policies import get_policy
+    from simulator.workload import synthetic_workload
+
+    fleet = spec_fleet()
+    t0 = time.perf_counter()
+    wl = synthetic_workload(fleet, seed=seed, load=load, jobs=jobs)
+    gen_s = time.perf_counter() - t0
+    rows = {}
+    for name in policies:
+        spec = get_policy(name)
+        options = SimOptions(seed=seed, oracle_runtime=spec.oracle_runtime, fresh_checkpoints=spec.needs_checkpoints)
+        r = simulate(wl, fleet, spec.make(), name=name, options=options)
+        rows[name] = {"wall_s": r.wall_s, "policy_s": r.policy_s, "cycles": r.cycles, "jobs": len(r.records), "invalid": len(r.invalid)}
+        print(name, rows[name], flush=True)
+    data = {
+        "command": f"python -m simulator.evaluation bench --jobs {jobs} --load {load} --seed {seed} --policies {','.join(policies)}",
+        "workload": f"synthetic, {jobs} jobs, load {load}, seed {seed} (generated in {gen_s:.1f} s)",
+        "machine": f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}, one process",
+        "speed": rows,
+    }
+    out.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def doc(folder: Path, target: Path) -> None:
+    """Assemble the evaluation page from ``folder``/<run>/summary.json and ``folder``/speed*.json."""
+    from simulator.compare import core_fingerprint
+
+    current = core_fingerprint()
+    out: list[str] = [
+        "# Evaluation: the production scheduler against the classic policies",
+        "",
+        "Generated by `python -m simulator.evaluation doc` from the runs' `summary.json` files; no number on this page",
+        "was typed by hand. The simulator (`simulator/`) replays a workload over a virtual clock through",
+        '`scheduler.core.run_cycle` itself ("ours", unchanged) and through the baselines in `simulator/policies/`,',
+        "all behind the same `(Snapshot, now) -> Decisions` call (SPEC R3.3, R4, R5.2, R7.2).",
+        "",
+        "## Running the simulator",
+        "",
+        "```",
+        "fairgang sim --workload philly|synthetic|PATH.csv --fleet spec|cluster.yaml \\",
+        "             --policies ours,fifo,priority,multifactor,drf,las,sjf \\",
+        "             --load 0.7 [--jobs N] [--seed S] [--node-mtbf-h H] [--gpu-mtbf-h H] --out DIR",
+        "```",
+        "",
+        "writes `DIR/report.md` (overall, per size class, per tenant, estimator accuracy, speed), `DIR/summary.json`",
+        "and the PNG plots. Baselines: `fifo` (per GPU type, head-of-line blocking), `priority` (strict priority, no",
+        "preemption), `multifactor` (Slurm-style age + fair-share + size + class priority with EASY backfill, one",
+        "reservation per GPU type), `drf` (weighted DRF over GPU types, no aging or reservations), `las` (Tiresias-style",
+        "discretised 2D-LAS, preemptive, 1 h lease), `sjf` (shortest job first with oracle durations: the reference for",
+        "average JCT). They share best-fit, topology-aware placement (`simulator/policies/placement.py`); ours uses its own.",
+        "The queue-wait estimator (`simulator/estimate.py`, for the live API) forward-simulates the queue through the",
+        "policy with expected run times (the user limits); the runs below probe it every 6 simulated hours.",
+        "",
+        "## How the runs are set up",
+        "",
+        "- **Workload**: the Microsoft Philly trace (24,743 jobs, 8 virtual clusters = 8 tenants; Jeon et al., USENIX ATC'19,",
+        "  via the PCS project's per-VC files; provenance in `simulator/data/philly/README.md`). Seeded rules, written in",
+        "  `simulator/workload.py`: GPU type drawn in proportion to fleet capacity among types that can hold the gang;",
+        "  multi-node sizes that are not whole nodes rounded up (12 -> 16); durations as recorded, clipped to [60 s, 48 h]",
+        "  (SPEC's largest runtime; this keeps about half the trace's GPU-hours); 10 % high priority (not preemptible),",
+        "  70 % normal, 20 % low; checkpoints every 15/30/60 min for jobs over 30 min; the user's limit is the next of",
+        "  1/2/4/8/12/24/48 h above duration x U[1, 2]; submit times compressed by one factor to the target offered load.",
+        "  Tenant weights are their share of the trace's GPU-hours; each tenant's nominal quota per GPU type is its weight",
+        "  share of that type; all tenants share one cohort and may borrow without limit.",
+        "- **Fleet**: the SPEC default, 750 nodes / 5,000 GPUs (H100-80GB 250x8, A100-80GB 150x8, A100-40GB 100x8,",
+        "  L40S 250x4), 16 nodes per leaf, 8 leaves per spine, each GPU type on its own leaves.",
+        "- **Engine**: a cycle after any change of queue or capacity, on a 30 s grid, and every 300 s while jobs wait;",
+        "  a preempted or failed job loses the work since its last checkpoint and pays a 120 s restart; the policy sees",
+        "  user limits, not durations (except the SJF oracle). No node or GPU failures in these runs (`--node-mtbf-h`,",
+        "  `--gpu-mtbf-h` turn them on).",
+        "- **Metrics** (definitions in `simulator/metrics.py`): JCT = finish - submit; queueing delay = time waiting,",
+        "  summed over attempts; utilisation = GPU-hours held / (fleet x makespan); util/bound = held over the",
+        "  demand-limited bound sum_type min(capacity, demanded GPUs); Jain's index of held / weighted water-filled fair",
+        "  share over 6 h windows; stranded free = share of free GPUs on partly used nodes while jobs wait.",
+        "",
+    ]
+    for run, label in RUNS:
+        path = folder / run / "summary.json"
+        if not path.exists():
+            out += [f"## Philly at {label} load", "", f"(not run yet: {path} is missing)", ""]
+            continue
+        data = json.loads(path.read_text())
+        rel = f"{folder.relative_to(target.parent)}/{run}" if folder.is_relative_to(target.parent) else str(folder / run)
+        core = data.get("core_sha256")
+        setup = list(data["setup"])
+        if core:
+            note = "" if core == current else f" (the core has changed since this run: now {current}; re-run to refresh)"
+            setup.append(f"- production core measured: `scheduler/core/*.py` sha256 {core}{note}")
+        out += [f"## {data['title']} ({label} of the fleet)", "", *setup, "", "Reproduce:", "", "```", data["command"], "```", ""]
+        out += ["### Overall (hours)", "", *_headline(data), ""]
+        out += ["### Queueing delay by job size: average / p99 (hours)", "", *_sizes(data), ""]
+        out += ["### Where ours wins and where it loses", "", *_compare(data), ""]
+        if data["estimates"]:
+            out += ["### Queue-wait estimator (R7.2): predicted against actual start", "", *_estimates(data), ""]
+        out += ["### Simulator speed in this run", "", *_speed(data), ""]
+        out += [
+            "### Plots",
+            "",
+            f"![queueing-delay CDFs by size class]({rel}/wait_cdf.png)",
+            "",
+            f"![utilisation over time against the bound]({rel}/utilisation.png)",
+            "",
+            f"![tenant shares against entitlement, ours]({rel}/shares_ours.png)",
+            "",
+            f"Every policy's tenant-share plot and the full report (per-tenant tables): [{run}/report.md]({rel}/report.md).",
+            "",
+        ]
+    out += [
+        "## Limits of this evaluation",
+        "",
+        "- Philly has no GPU types, priorities, checkpoints or user limits: those come from the seeded rules above, so",
+        "  results about priorities and preemption cost depend on them. Only two Philly jobs ask for more than 32 GPUs.",
+        "- Cycles run on a 30 s grid (the service reacts in well under a second): waits shorter than that are rounded up.",
+        "- A preempted job is stopped at once (no grace period); with SIGTERM-triggered checkpoints real losses are lower.",
+        "- The estimator is fed the users' limits (up to 2x the real run time, rounded up to a limit class), so it is",
+        "  pessimistic; it probes every 6 simulated hours with a 150-step (37.5 h) horizon, so few jobs are probed at the",
+        '  instant they arrive, and waits beyond the horizon count as "beyond horizon", not as errors.',
+        "- Tenants' quotas are derived from their weights; a job blocked by its tenant's quota (rather than by capacity)",
+        "  takes no reservation in the production core, so quota settings change how often ours backfills around it.",
+        "- The 2D-LAS baseline uses a 1 h lease before a job may be preempted; it still preempts far more than ours.",
+        "",
+    ]
+    speeds = sorted(folder.glob("speed*.json"))
+    if speeds:
+        out += [
+            "## Simulator speed at SPEC scale (5,000 GPUs)",
+            "",
+            "Measured on a shared two-core machine while other work ran, so these are lower bounds. The engine's own",
+            "cost shows in the SJF rows; the policies with deep per-cycle sorts (multifactor, DRF under long queues) and",
+            "above all the production core dominate their runs. A profile of ours puts most of its time in rebuilding",
+            "its workspace from the whole snapshot every cycle (`scheduler/core/state.py`, building the per-type pools),",
+            "which is the production core's to speed up, not the simulator's.",
+            "",
+        ]
+    for speed in speeds:
+        data = json.loads(speed.read_text())
+        out += [f"{data['workload']}; {data['machine']}.", "", "```", data["command"], "```", ""]
+        out += [*_speed(data), ""]
+    target.write_text("\n".join(out) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench")
+    b.add_argument("--out", type=Path, default=DOCS / "evaluation" / "speed.json")
+    b.add_argument("--jobs", type=int, default=100_000)
+    b.add_argument("--load", type=float, default=0.7)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--policies", default="sjf,drf")
+    d = sub.add_parser("doc")
+    d.add_argument("--folder", type=Path, default=DOCS / "evaluation")
+    d.add_argument("--target", type=Path, default=DOCS / "evaluation.md")
+    args = parser.parse_args()
+    if args.cmd == "bench":
+        bench(args.out, jobs=args.jobs, policies=args.policies.split(","), load=args.load, seed=args.seed)
+    else:
+        doc(args.folder, args.target)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Workload rules, the synthetic generator and fleets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.fleet import load_fleet, spec_fleet
+from simulator.workload import csv_workload, offered_load, philly_workload, read_philly_rows, resolve_tenants, synthetic_workload, write_csv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_spec_fleet_has_750_nodes_and_5000_gpus_under_leaves_and_spines():
+    fleet = spec_fleet()
+    assert len(fleet.nodes) == 750 and fleet.total_gpus() == 5000
+    assert all(dict(n.labels).keys() == {"leaf", "spine"} for n in fleet.nodes)
+    leaves = {dict(n.labels)["leaf"]: n.gpu_type for n in fleet.nodes}
+    assert len(leaves) > 1
+
+
+def test_a_fleet_loads_from_the_dev_cluster_config():
+    fleet = load_fleet(str(ROOT / "examples" / "cluster.yaml"))
+    assert {n.id for n in fleet.nodes} >= {"h100-a", "l40s-a"}
+    assert {t.name for t in fleet.tenants} >= {"vision", "nlp"}
+
+
+def test_the_bundled_philly_trace_is_complete():
+    assert len(read_philly_rows()) == 24_743
+
+
+def test_philly_rules_are_seeded_and_reach_the_target_load():
+    fleet = spec_fleet()
+    a = philly_workload(fleet, seed=1, load=0.9, jobs=2000)
+    b = philly_workload(fleet, seed=1, load=0.9, jobs=2000)
+    c = philly_workload(fleet, seed=2, load=0.9, jobs=2000)
+    assert a == b and a != c
+    assert offered_load(a, fleet.total_gpus()) == pytest.approx(0.9)
+    sizes = fleet.node_size()
+    for j in a.jobs:
+        assert j.gpu_count <= sizes[j.gpu_type] or j.gpu_count % sizes[j.gpu_type] == 0
+        assert 60 <= j.duration_s <= 48 * 3600 and j.max_runtime_s >= j.duration_s
+    assert len({j.tenant for j in a.jobs}) >= 5
+
+
+def test_philly_repeats_past_its_end():
+    fleet = spec_fleet()
+    rows = read_philly_rows()[:50]
+    wl = philly_workload(fleet, jobs=120, rows=rows)
+    assert len(wl.jobs) == 120 and len({j.id for j in wl.jobs}) == 120
+
+
+def test_the_synthetic_generator_stays_within_the_spec():
+    fleet = spec_fleet()
+    wl = synthetic_workload(fleet, seed=4, load=0.7, jobs=3000)
+    assert len({t.name for t in wl.tenants}) == 50
+    assert {j.gpu_count for j in wl.jobs} <= {1, 2, 4, 8, 16, 32, 64}
+    assert all(900 <= j.duration_s <= 48 * 3600 + 1e-6 for j in wl.jobs)
+    span_h = (wl.jobs[-1].submit_s - wl.jobs[0].submit_s) / 3600
+    assert len(wl.jobs) / span_h <= 500
+    assert synthetic_workload(fleet, seed=4, load=0.7, jobs=3000) == wl
+
+
+def test_a_workload_round_trips_through_csv(tmp_path: Path):
+    fleet = spec_fleet()
+    wl = synthetic_workload(fleet, seed=0, jobs=50)
+    write_csv(wl, tmp_path / "w.csv")
+    back = csv_workload(tmp_path / "w.csv", fleet)
+    assert [(j.id, j.gpu_count, j.duration_s, j.priority) for j in back.jobs] == [
+        (j.id, j.gpu_count, j.duration_s, j.priority) for j in wl.jobs
+    ]
+
+
+def test_unconfigured_tenants_get_quotas_in_proportion_to_their_weight():
+    spec = spec_fleet()
+    wl = philly_workload(spec, jobs=500)
+    tenants = resolve_tenants(spec, wl)
+    heaviest = max(tenants, key=lambda t: t.weight)
+    lightest = min(tenants, key=lambda t: t.weight)
+    nominal = {t.name: sum(q.nominal for _, q in t.quotas) for t in tenants}
+    assert nominal[heaviest.name] > nominal[lightest.name]
+    assert sum(nominal.values()) <= spec.total_gpus()
