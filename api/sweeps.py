@@ -128,10 +128,10 @@ async def visible_sweep(state: State, who: repo.Principal, sweep_id: str) -> Swe
     return sweep
 
 
-async def _start_sweep_workflow(client: Client, sweep: Sweep) -> None:
+async def _start_sweep_workflow(client: Client, sweep: Sweep, batch_size: int) -> None:
     await client.start_workflow(
         "Sweep",
-        SweepInput(tenant=sweep.tenant, sweep_id=sweep.id),
+        SweepInput(tenant=sweep.tenant, sweep_id=sweep.id, batch_size=batch_size),
         id=sweep.id,
         task_queue=CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -167,7 +167,7 @@ async def submit_sweep(state: State, who: Caller, body: dict[str, Any] = Body(..
         client = await state.temporal()
         if client is None:
             raise HTTPException(503, f"sweep {sweep.id} is stored but the workflow service is unreachable; submit again to start it")
-        await _start_sweep_workflow(client, sweep)
+        await _start_sweep_workflow(client, sweep, state.settings.sweep_batch_size)
     result = SweepSubmitResult(created=created, sweep=SweepPublic.of(sweep))
     return JSONResponse(result.model_dump(mode="json"), status_code=201 if created else 200)
 
@@ -359,7 +359,7 @@ async def create_schedule(state: State, who: Caller, body: dict[str, Any] = Body
             Schedule(
                 action=ScheduleActionStartWorkflow(
                     "Sweep",
-                    SweepInput(tenant=tenant.name, spec=sweep_doc, schedule_id=schedule_id),
+                    SweepInput(tenant=tenant.name, spec=sweep_doc, schedule_id=schedule_id, batch_size=state.settings.sweep_batch_size),
                     id=schedule_id,
                     task_queue=CONTROL_TASK_QUEUE,
                     typed_search_attributes=attributes,

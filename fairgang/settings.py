@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     max_wait_s: float = 6 * 3600.0
     min_runtime_before_preempt_s: float = 600.0
     backfill: bool = True
+    #: A sweep workflow continues as new after starting this many trials (keeps its history short).
+    sweep_batch_size: int = 100
     #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.
     infra_retry_limit: int = 5
     infra_retry_backoff_s: float = 2.0

@@ -77,6 +77,8 @@ class Platform:
                 "FAIRGANG_SELF_FENCE_AFTER_S": "4",
                 "FAIRGANG_LAUNCH_START_TIMEOUT_S": "15",
                 "FAIRGANG_MIN_RUNTIME_BEFORE_PREEMPT_S": "1",
+                # Small sweep batches, so that sweeps continue as new in the tests.
+                "FAIRGANG_SWEEP_BATCH_SIZE": "2",
             }
         )
         argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]

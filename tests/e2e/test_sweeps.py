@@ -132,6 +132,8 @@ def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: 
     assert summary["best"]["params"] == {"lr": 0.1, "features": 20}
     # Each trial is a child job workflow with the deterministic id, started once.
     assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 6
+    # Batches of 2 starts (FAIRGANG_SWEEP_BATCH_SIZE in the e2e platform): the sweep continued as new, 3 runs.
+    assert count_workflows(platform, f"WorkflowId = '{sweep['id']}' AND WorkflowType = 'Sweep'") == 3
     # Tenant isolation: another tenant sees nothing of it.
     with platform.client("beta-token") as http:
         assert http.get(f"/v1/sweeps/{sweep['id']}").status_code == 404

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,6 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from fairgang.dev import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings
+from fairgang.spec import JobState
 from scheduler.service import PlacementService
 from store import repo
 from store.db import Database
@@ -80,3 +82,52 @@ async def test_pending_reason_is_recorded_for_jobs_that_cannot_fit(
     assert (await service.cycle()).bound == 1
     waiting = await repo.get_job(seeded, bigger.id)
     assert waiting is not None and waiting.pending_reason == "no L40S node has 4 free GPUs"
+
+
+async def test_leader_cycles_are_counted_in_the_scheduling_metrics(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    from prometheus_client import REGISTRY
+
+    await _register_all(seeded)
+    settings = Settings(database_url=db_url, node_stale_after_s=3600)
+    service = PlacementService(settings, seeded, temporal_env.client, holder="metrics")
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    cycles, decisions, binds = (
+        sample(n)
+        for n in (
+            "fairgang_scheduling_cycle_seconds_count",
+            "fairgang_scheduling_decision_seconds_count",
+            "fairgang_scheduler_bindings_total",
+        )
+    )
+    job, _ = await repo.create_job(seeded, spec=job_spec(name="counted"), tenant="alpha")
+    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    assert (await service.cycle()).bound == 1
+    assert sample("fairgang_scheduling_cycle_seconds_count") == cycles + 1
+    assert sample("fairgang_scheduling_decision_seconds_count") == decisions + 1
+    assert sample("fairgang_scheduler_bindings_total") == binds + 1
+    assert sample("fairgang_scheduler_leader") == 1
+
+
+async def test_reconciler_resignals_bindings_their_workflow_has_not_acknowledged(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    await _register_all(seeded)
+    settings = Settings(database_url=db_url, node_stale_after_s=1e12, scheduler_resignal_after_s=5)
+    service = PlacementService(settings, seeded, temporal_env.client, holder="s")
+    job, _ = await repo.create_job(seeded, spec=job_spec(name="unacked"), tenant="alpha")
+    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    now = time.time()
+    first = await service.cycle(now=now)
+    assert first.bound == 1 and first.resignalled == 0
+    # No workflow runs for this job, so nobody acknowledges the binding: it stays BOUND and is signalled again.
+    assert (await service.cycle(now=now + 1)).resignalled == 0
+    assert (await service.cycle(now=now + 6)).resignalled == 1
+    [alloc] = await repo.job_allocations(seeded, job.id)
+    assert alloc.state == "BOUND"
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
+    assert (await service.cycle(now=now + 20)).resignalled == 0
