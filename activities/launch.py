@@ -23,7 +23,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporalio import activity
@@ -103,6 +103,8 @@ class RunningMember:
     runtime: str = "process"
     container: str = ""
     proc: asyncio.subprocess.Process | None = None
+    #: The node's GPUs it was given (the agent reports them busy).
+    gpu_indices: list[int] = field(default_factory=list)
 
 
 class LaunchActivities:
@@ -157,6 +159,7 @@ class LaunchActivities:
         member = RunningMember(
             inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, self.runtime, container, proc
         )
+        member.gpu_indices = list(inp.gpu_indices)
         self.running[inp.allocation_id] = member
         self._save_state(member)
         try:

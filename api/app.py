@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from api import fleet, jobs, sweeps
+from api import fleet, health, jobs, metrics, sweeps, tenants
 from api.deps import AppState, State
 from fairgang import __version__
 from fairgang.settings import Settings
@@ -34,6 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(fleet.router)
     app.include_router(sweeps.router)
+    app.include_router(tenants.router)
+    app.include_router(metrics.router)
+    app.include_router(health.router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter
 
+from api import health, insight
 from api.deps import Caller, State, require_node
 from api.schemas import NodeAnswer, NodeHeartbeat, NodeRegistration
 from store import repo
@@ -16,42 +16,9 @@ router = APIRouter(prefix="/v1", tags=["fleet"])
 
 @router.get("/fleet")
 async def fleet(state: State, who: Caller) -> dict[str, Any]:
-    """Nodes with their GPUs (free, used, unhealthy), and totals per GPU type."""
+    """Nodes with their GPUs, and per GPU type and per topology domain: free, used, unhealthy, fragmentation."""
     del who  # any authenticated caller may see the fleet
-    now = time.time()
-    used: dict[tuple[str, int], str] = {(g.node_id, g.gpu_index): g.allocation_id for g in await repo.live_allocation_gpus(state.db)}
-    gpus_by_node: dict[str, list[Any]] = {}
-    for gpu in await repo.list_gpus(state.db):
-        gpus_by_node.setdefault(gpu.node_id, []).append(gpu)
-    nodes = []
-    totals: dict[str, dict[str, int]] = {}
-    for node in await repo.list_nodes(state.db):
-        stale = node.last_heartbeat is None or now - node.last_heartbeat > state.settings.node_stale_after_s
-        gpus = gpus_by_node.get(node.id, [])
-        n_used = sum(1 for g in gpus if (node.id, g.index) in used)
-        n_unhealthy = sum(1 for g in gpus if not g.healthy)
-        schedulable = node.state == "READY" and not stale
-        n_free = sum(1 for g in gpus if g.healthy and (node.id, g.index) not in used) if schedulable else 0
-        nodes.append(
-            {
-                "id": node.id,
-                "gpu_type": node.gpu_type,
-                "gpu_count": node.gpu_count,
-                "labels": node.labels,
-                "state": node.state,
-                "schedulable": schedulable,
-                "last_heartbeat": node.last_heartbeat,
-                "gpus": {"used": n_used, "free": n_free, "unhealthy": n_unhealthy},
-                "allocations": sorted({used[(node.id, g.index)] for g in gpus if (node.id, g.index) in used}),
-            }
-        )
-        t = totals.setdefault(node.gpu_type, {"total": 0, "used": 0, "free": 0, "unhealthy": 0, "nodes": 0})
-        t["total"] += node.gpu_count
-        t["used"] += n_used
-        t["free"] += n_free
-        t["unhealthy"] += n_unhealthy
-        t["nodes"] += 1
-    return {"gpu_types": totals, "nodes": nodes}
+    return await insight.fleet_view(state.db, state.settings)
 
 
 @router.post("/nodes/register", response_model=NodeAnswer)
@@ -76,4 +43,5 @@ async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat
     """A heartbeat; refused (accepted=false) for an old boot or a node declared lost."""
     require_node(who)
     accepted, live = await repo.node_heartbeat(state.db, node_id=node_id, boot_id=body.boot_id)
-    return NodeAnswer(accepted=accepted, live_allocations=live)
+    faults = await health.apply_reports(state, node_id=node_id, reports=body.gpus) if accepted else {}
+    return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults)

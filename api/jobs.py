@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Query
@@ -10,13 +9,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.launch import log_path
+from api import insight
 from api.deps import Caller, State, log, require_user
 from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, SubmitResult
 from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
-from scheduler.core.cycle import queue_order
-from scheduler.service import build_snapshot
 from store import repo
 from store.models import Job
 
@@ -114,12 +112,18 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
     current = next((a for a in reversed(allocations) if a.attempt == job.attempt), None)
     events = [EventPublic.of(e) for e in await repo.job_events(state.db, job_id)]
     ui = state.settings.temporal_ui_url.rstrip("/")
+    position = estimated = None
+    if job.state == JobState.QUEUED.value and job.workflow_started:
+        view = await insight.queue_view(state.db, state.settings)
+        position, estimated = view.position.get(job.id), view.estimated_start.get(job.id)
     return JobDetail(
         **JobPublic.of(job).model_dump(),
         allocation=current,
         allocations=allocations,
         events=events,
         temporal_url=f"{ui}/namespaces/{state.settings.temporal_namespace}/workflows/{job.id}",
+        queue_position=position,
+        estimated_start=estimated,
     )
 
 
@@ -181,13 +185,16 @@ async def preempt_job(state: State, who: Caller, job_id: str, reason: str | None
 
 @router.get("/queue", response_model=list[QueueEntry])
 async def queue(state: State, who: Caller) -> list[QueueEntry]:
-    """Queued jobs in the scheduler's own order (fair share, then priority and age), with why each waits.
+    """Queued jobs in the scheduler's own order (fair share, then priority and age), with why each waits and when each should start.
 
     A tenant sees its own jobs with their global positions.
     """
     require_user(who)
-    now = time.time()
-    snapshot = await build_snapshot(state.db, now=now, stale_after_s=state.settings.node_stale_after_s)
-    position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
+    view = await insight.queue_view(state.db, state.settings)
+    position = view.position
     jobs = sorted(await repo.queued_jobs(state.db), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
-    return [QueueEntry(position=pos, job=JobPublic.of(j)) for pos, j in enumerate(jobs, start=1) if who.admin or j.tenant == who.tenant]
+    return [
+        QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id))
+        for pos, j in enumerate(jobs, start=1)
+        if who.admin or j.tenant == who.tenant
+    ]

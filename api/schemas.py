@@ -83,6 +83,9 @@ class JobDetail(JobPublic):
     allocations: list[AllocationPublic]
     events: list[EventPublic]
     temporal_url: str
+    #: While QUEUED: the job's place in the scheduler's order (1 = next) and its predicted start (SPEC R7.2).
+    queue_position: int | None = None
+    estimated_start: float | None = None
 
 
 class SubmitResult(BaseModel):
@@ -98,6 +101,8 @@ class PreemptResult(BaseModel):
 class QueueEntry(BaseModel):
     position: int
     job: JobPublic
+    #: Predicted start (UNIX seconds) from a forward simulation of the queue; None: beyond the estimator's horizon.
+    estimated_start: float | None = None
 
 
 class NodeRegistration(BaseModel):
@@ -115,8 +120,19 @@ class NodeRegistration(BaseModel):
 class NodeHeartbeat(BaseModel):
     boot_id: str
     running: list[str] = []
+    #: [{"index": int, "health": {...}}]: each GPU's latest health report (fairgang.health.REPORT_KEYS).
+    gpus: list[dict[str, Any]] = []
 
 
 class NodeAnswer(BaseModel):
     accepted: bool
     live_allocations: list[str]
+    #: GPU index -> faults the simulated backend should report (injected by an admin).
+    faults: dict[int, list[dict[str, Any]]] = {}
+
+
+class FaultInjection(BaseModel):
+    #: One of fairgang.health.FAULT_KINDS: xid, ecc_uncorrectable, ecc_correctable, retired_pages, thermal, power.
+    kind: str
+    xid: int | None = None
+    count: int = 1

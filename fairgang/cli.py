@@ -462,7 +462,7 @@ def _tenants_table(rows: list[dict[str, Any]]) -> Table:
 def fleet(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
     """Show GPU types, topology domains and nodes: free, used, unhealthy, fragmentation, utilisation."""
     with _client(api_url, token) as http:
-        _emit(_check(http.get("/v1/fleet")), output, lambda data: [console.print(t) for t in _fleet_tables(data)])
+        _emit(_check(http.get("/v1/fleet")), output, lambda data: console.print(*_fleet_tables(data), sep="\n"))
 
 
 @app.command()
@@ -503,6 +503,61 @@ def top(
             while True:
                 time.sleep(interval)
                 live.update(screen())
+
+
+node_app = typer.Typer(help="Admin: cordon, drain, uncordon nodes; return GPUs to service; inject simulated faults.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("cordon")
+def node_cordon(node_id: str, api_url: str = ApiUrl, token: str = Token) -> None:
+    """No new work on the node."""
+    with _client(api_url, token) as http:
+        console.print(f"{node_id}: {_check(http.post(f'/v1/nodes/{node_id}/cordon'))['state']}")
+
+
+@node_app.command("uncordon")
+def node_uncordon(node_id: str, api_url: str = ApiUrl, token: str = Token) -> None:
+    with _client(api_url, token) as http:
+        console.print(f"{node_id}: {_check(http.post(f'/v1/nodes/{node_id}/uncordon'))['state']}")
+
+
+@node_app.command("drain")
+def node_drain(
+    node_id: str,
+    checkpoint: bool = typer.Option(False, "--checkpoint", help="Checkpoint the jobs off the node now (default: let them finish)."),
+    api_url: str = ApiUrl,
+    token: str = Token,
+) -> None:
+    """Cordon the node, and let its jobs finish or checkpoint them off it."""
+    with _client(api_url, token) as http:
+        data = _check(http.post(f"/v1/nodes/{node_id}/drain", params={"checkpoint": checkpoint}))
+    console.print(f"{node_id}: {data['state']}; jobs {', '.join(data['jobs']) or '(none)'} {'moving' if checkpoint else 'finishing there'}")
+
+
+@node_app.command("return-gpu")
+def node_return_gpu(node_id: str, index: int, api_url: str = ApiUrl, token: str = Token) -> None:
+    """Put a GPU taken out of service back in service."""
+    with _client(api_url, token) as http:
+        _check(http.post(f"/v1/nodes/{node_id}/gpus/{index}/return"))
+    console.print(f"GPU {node_id}/{index} back in service")
+
+
+@node_app.command("inject-fault")
+def node_inject_fault(
+    node_id: str,
+    index: int,
+    kind: str = typer.Argument(..., help="xid, ecc_uncorrectable, ecc_correctable, retired_pages, thermal or power."),
+    xid: int = typer.Option(None, "--xid", help="The Xid for kind xid (default 79)."),
+    count: int = typer.Option(1, "--count"),
+    api_url: str = ApiUrl,
+    token: str = Token,
+) -> None:
+    """Simulated GPUs only: make the node's agent report a fault on a GPU."""
+    body: dict[str, Any] = {"kind": kind, "count": count} | ({"xid": xid} if xid is not None else {})
+    with _client(api_url, token) as http:
+        _check(http.post(f"/v1/nodes/{node_id}/gpus/{index}/faults", json=body))
+    console.print(f"GPU {node_id}/{index}: {kind} injected")
 
 
 from simulator.cli import sim as _sim  # noqa: E402

@@ -10,7 +10,7 @@ from temporalio.worker import Worker
 
 from activities.store import StoreActivities
 from activities.sweeps import SweepActivities
-from fairgang import temporal
+from fairgang import metrics, temporal
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from scheduler.service import PlacementService
 from store.db import Database, migrate
@@ -54,6 +54,8 @@ async def run_scheduler(settings: Settings) -> None:
     db = Database(settings.database_url)
     await migrate(settings.database_url)
     client = await connect_temporal_with_retry(settings)
+    if settings.scheduler_metrics_port is not None:
+        metrics.serve(settings.scheduler_metrics_port, settings.metrics_host)
     try:
         await PlacementService(settings, db, client).serve()
     finally:

@@ -66,6 +66,20 @@ class Settings(BaseSettings):
     #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.
     infra_retry_limit: int = 5
     infra_retry_backoff_s: float = 2.0
+    #: GPU health policy (fairgang/health.py): Xids that take a GPU out of service ("48,63,92-95").
+    health_fatal_xids: str = "48,63,64,74,79,92-95"
+    #: Consecutive heartbeats of thermal or power throttling that cordon the node.
+    health_throttle_beats: int = 5
+    #: A rise of correctable ECC errors between two heartbeats that cordons the node.
+    health_correctable_ecc_rise: int = 100
+    #: Retired (or unremappable) pages that take a GPU out of service.
+    health_retired_pages_fatal: int = 60
+    #: Placement service: serve its Prometheus metrics on this port (None: off).
+    scheduler_metrics_port: int | None = None
+    #: The address metrics ports bind to.
+    metrics_host: str = "127.0.0.1"
+    #: host:port where this process exports the Temporal SDK's own metrics (None: off). One per process.
+    temporal_metrics_bind: str | None = None
 
 
 def normalise_database_url(url: str) -> str:

@@ -8,13 +8,16 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from fairgang import metrics
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
 from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
 
 
 async def connect(settings: Settings) -> Client:
-    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    """A client; with ``temporal_metrics_bind`` set, its workers export the SDK's metrics there (docs/metrics.md)."""
+    runtime = metrics.temporal_runtime(settings.temporal_metrics_bind)
+    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace, runtime=runtime)
 
 
 def job_input(job: Any, settings: Settings) -> JobInput:

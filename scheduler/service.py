@@ -24,7 +24,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from fairgang import temporal
+from fairgang import metrics, temporal
 from fairgang.settings import Settings
 from scheduler.core import (
     Member,
@@ -199,7 +199,17 @@ class PlacementService:
         self.preempting: set[tuple[str, int]] = set()
 
     async def cycle(self, now: float | None = None) -> CycleReport:
-        """One scheduling cycle (see the module docstring for its phases)."""
+        """One scheduling cycle (see the module docstring for its phases), timed into ``fairgang_scheduling_cycle_seconds``."""
+        started = time.perf_counter()
+        report = await self._cycle(now)
+        if report.leader:
+            metrics.SCHEDULING_CYCLE.observe(time.perf_counter() - started)
+            metrics.BINDINGS.inc(report.bound)
+            metrics.PENDING.set(report.pending)
+        metrics.LEADER.set(1 if report.leader else 0)
+        return report
+
+    async def _cycle(self, now: float | None) -> CycleReport:
         now = time.time() if now is None else now
         # 1. Leader lease.
         epoch = await repo.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
@@ -212,7 +222,9 @@ class PlacementService:
             self.db, now=now, stale_after_s=self.settings.node_stale_after_s, config=self.config, reservations=self.reservations
         )
         snapshot = dataclasses.replace(snapshot, topology_levels=self.topology_levels)
+        decided = time.perf_counter()
         decisions = run_cycle(snapshot, now)
+        metrics.SCHEDULING_DECISION.observe(time.perf_counter() - decided)
         # 4. Commit, fenced by the epoch.
         rows = [
             repo.BindingRow(
@@ -251,6 +263,7 @@ class PlacementService:
             try:
                 await temporal.preempt(self.client, job_id=p.job_id, reason=f"{p.reason}: its GPUs go to {p.for_job}", for_job=p.for_job)
                 asked += 1
+                metrics.PREEMPTIONS_ASKED.labels(reason=p.reason).inc()
             except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unreachable
                 log.info("preemption of %s not sent: %s", p.job_id, err)
         return asked

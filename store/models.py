@@ -217,3 +217,27 @@ class SweepTrial(SQLModel, table=True):
     #: Metrics the job reported (FAIRGANG_METRIC lines), read when the sweep ends.
     metrics: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     created_at: float
+
+
+class HealthEvent(SQLModel, table=True):
+    """Append-only log of GPU health: faults the agents report, what the policy did, and admin actions."""
+
+    __tablename__ = "health_event"
+    __table_args__ = (
+        UniqueConstraint("node_id", "dedupe_key", name="uq_health_event_dedupe"),
+        Index("ix_health_event_node", "node_id", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float
+    node_id: str = Field(foreign_key="node.id", max_length=64)
+    #: The GPU's index, or None for a node-wide event (cordon, drain).
+    gpu_index: int | None = None
+    #: "xid", "ecc_uncorrectable", "ecc_correctable", "retired_pages", "thermal", "power", "gpu_unhealthy",
+    #: "gpu_returned", "cordon", "uncordon", "drain".
+    kind: str = Field(max_length=32)
+    #: "fatal", "degraded" or "info".
+    severity: str = Field(default="info", max_length=16)
+    message: str = Field(default="", max_length=2048)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    dedupe_key: str = Field(max_length=160)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
@@ -28,6 +28,7 @@ from store.models import (
     ApiToken,
     ChangeFeed,
     Gpu,
+    HealthEvent,
     Job,
     JobEvent,
     Node,
@@ -841,3 +842,172 @@ async def set_trial_metrics(db: Database, *, sweep_id: str, index: int, metrics:
         await session.execute(
             update(SweepTrial).where(col(SweepTrial.sweep_id) == sweep_id, col(SweepTrial.index) == index).values(metrics=metrics)
         )
+
+
+# ---------------------------------------------------------------- observability (metrics, estimates)
+
+
+@dataclass(frozen=True)
+class StartedAttempt:
+    """A job whose current attempt has started: how long that attempt waited in the queue."""
+
+    tenant: str
+    gpu_type: str
+    gpu_count: int
+    waited_s: float
+
+
+async def started_attempt_waits(db: Database) -> list[StartedAttempt]:
+    """Every job whose current attempt started (RUNNING or ended after running), with its queue wait."""
+    async with db.sessions() as session:
+        query = select(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count), col(Job.queued_at), col(Job.started_at)).where(
+            col(Job.started_at).is_not(None), col(Job.started_at) >= col(Job.queued_at)
+        )
+        rows = (await session.execute(query)).all()
+    return [StartedAttempt(tenant=t, gpu_type=g, gpu_count=n, waited_s=float(s or 0.0) - float(q)) for t, g, n, q, s in rows]
+
+
+async def event_messages(db: Database, kinds: Sequence[str]) -> list[tuple[str, str]]:
+    """(kind, message) of every job event of these kinds, oldest first."""
+    async with db.sessions() as session:
+        query = select(col(JobEvent.kind), col(JobEvent.message)).where(col(JobEvent.kind).in_(list(kinds))).order_by(col(JobEvent.id))
+        return [(k, m) for k, m in (await session.execute(query)).all()]
+
+
+async def recent_events(db: Database, kinds: Sequence[str], *, tenant: str | None = None, limit: int = 50) -> list[tuple[JobEvent, Job]]:
+    """The latest job events of these kinds with their jobs, newest first (one tenant's, if given)."""
+    async with db.sessions() as session:
+        query = select(JobEvent, Job).join(Job, col(Job.id) == col(JobEvent.job_id)).where(col(JobEvent.kind).in_(list(kinds)))
+        if tenant is not None:
+            query = query.where(col(Job.tenant) == tenant)
+        rows = (await session.execute(query.order_by(col(JobEvent.id).desc()).limit(limit))).all()
+    return [(e, j) for e, j in rows]
+
+
+async def finished_runtimes(db: Database, *, limit: int = 5000) -> list[tuple[str, str, float]]:
+    """(tenant, job name, run time of the final attempt) of the latest jobs that SUCCEEDED."""
+    async with db.sessions() as session:
+        query = (
+            select(col(Job.tenant), col(Job.name), col(Job.started_at), col(Job.finished_at))
+            .where(col(Job.state) == JobState.SUCCEEDED.value, col(Job.started_at).is_not(None), col(Job.finished_at).is_not(None))
+            .order_by(col(Job.finished_at).desc())
+            .limit(limit)
+        )
+        rows = (await session.execute(query)).all()
+    return [(t, n, max(0.0, float(f or 0.0) - float(s or 0.0))) for t, n, s, f in rows]
+
+
+async def list_tenants(db: Database) -> Sequence[Tenant]:
+    async with db.sessions() as session:
+        return (await session.execute(select(Tenant).order_by(col(Tenant.name)))).scalars().all()
+
+
+async def set_node_state(db: Database, *, node_id: str, state: str, now: float | None = None) -> Node | None:
+    """Cordon (``CORDONED``) or uncordon (``READY``) a node; a LOST or DOWN node stays as it is for READY."""
+    async with db.transaction() as session:
+        node = await session.get(Node, node_id)
+        if node is None:
+            return None
+        if state == "READY" and node.state != "CORDONED":
+            return node
+        node.state = state
+        await bump_change_feed(session)
+        return node
+
+
+async def node_jobs(db: Database, node_id: str) -> list[tuple[str, int]]:
+    """(job id, attempt) of the live allocations holding GPUs on the node."""
+    async with db.sessions() as session:
+        query = (
+            select(col(Allocation.job_id), col(Allocation.attempt))
+            .join(AllocationGpu, col(AllocationGpu.allocation_id) == col(Allocation.id))
+            .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
+            .distinct()
+        )
+        return sorted((j, a) for j, a in (await session.execute(query)).all())
+
+
+async def jobs_by_ids(db: Database, job_ids: Sequence[str]) -> dict[str, Job]:
+    if not job_ids:
+        return {}
+    async with db.sessions() as session:
+        rows = (await session.execute(select(Job).where(col(Job.id).in_(list(job_ids))))).scalars().all()
+    return {j.id: j for j in rows}
+
+
+async def health_event_kinds(db: Database) -> list[str]:
+    """The kind of every health event (for counters)."""
+    async with db.sessions() as session:
+        return [k for (k,) in (await session.execute(select(col(HealthEvent.kind)))).all()]
+
+
+async def add_health_event(
+    db: Database,
+    *,
+    node_id: str,
+    kind: str,
+    key: str,
+    gpu_index: int | None = None,
+    severity: str = "info",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> bool:
+    """Record a health event once per (node, key); returns whether it is new."""
+    now = time.time() if now is None else now
+    event = HealthEvent(
+        ts=now, node_id=node_id, gpu_index=gpu_index, kind=kind, severity=severity, message=message, data=data or {}, dedupe_key=key
+    )
+    async with db.sessions() as session:
+        session.add(event)
+        try:
+            await session.commit()
+            return True
+        except IntegrityError:
+            await session.rollback()
+            return False
+
+
+async def recent_health_events(db: Database, *, limit: int = 50) -> Sequence[HealthEvent]:
+    async with db.sessions() as session:
+        return (await session.execute(select(HealthEvent).order_by(col(HealthEvent.id).desc()).limit(limit))).scalars().all()
+
+
+async def set_gpu_health(
+    db: Database, *, node_id: str, index: int, healthy: bool | None = None, health: dict[str, Any] | None = None
+) -> Gpu | None:
+    """Update a GPU's health report and/or its in-service flag; taking one out or returning it wakes the scheduler."""
+    async with db.transaction() as session:
+        gpu = await session.get(Gpu, (node_id, index))
+        if gpu is None:
+            return None
+        if health is not None:
+            gpu.health = health
+        if healthy is not None and healthy != gpu.healthy:
+            gpu.healthy = healthy
+            await bump_change_feed(session)
+        return gpu
+
+
+async def gpu_jobs(db: Database, node_id: str) -> list[tuple[int, str, int]]:
+    """(GPU index, job id, attempt) of every live allocation GPU on the node."""
+    async with db.sessions() as session:
+        query = (
+            select(col(AllocationGpu.gpu_index), col(Allocation.job_id), col(Allocation.attempt))
+            .join(Allocation, col(AllocationGpu.allocation_id) == col(Allocation.id))
+            .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
+        )
+        return sorted((i, j, a) for i, j, a in (await session.execute(query)).all())
+
+
+async def degraded_since(db: Database, node_id: str) -> float | None:
+    """When the node was cordoned for degradation, unless an admin uncordoned it since."""
+    async with db.sessions() as session:
+        query = (
+            select(HealthEvent)
+            .where(col(HealthEvent.node_id) == node_id, or_(col(HealthEvent.severity) == "degraded", col(HealthEvent.kind) == "uncordon"))
+            .order_by(col(HealthEvent.id).desc())
+            .limit(1)
+        )
+        event = (await session.execute(query)).scalars().first()
+    return event.ts if event is not None and event.severity == "degraded" else None

@@ -99,13 +99,21 @@ class NodeAgent:
             try:
                 if not self.registered:
                     await self.register()
+                busy = frozenset(i for m in self.launcher.running.values() for i in m.gpu_indices)
+                health = self.gpus.health(busy)
                 resp = await self.http.post(
                     f"/v1/nodes/{self.node_id}/heartbeat",
-                    json={"boot_id": self.boot_id, "running": sorted(self.launcher.running)},
+                    json={
+                        "boot_id": self.boot_id,
+                        "running": sorted(self.launcher.running),
+                        "gpus": [{"index": i, "health": h} for i, h in sorted(health.items())],
+                    },
                 )
                 resp.raise_for_status()
                 answer = resp.json()
                 self.last_contact = time.monotonic()
+                # Simulated faults the control plane asks for (tests, demos); NVML ignores them.
+                self.gpus.inject({int(i): f for i, f in (answer.get("faults") or {}).items()})
                 if answer["accepted"]:
                     self.fence(answer["live_allocations"])
                 else:

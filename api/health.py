@@ -1,0 +1,236 @@
+"""GPU health on the API side (SPEC R6.1, R9.1): the heartbeat's health reports through the policy, and the
+admin endpoints: cordon, drain, uncordon, return a GPU to service, inject a simulated fault.
+
+The policy itself is pure (``fairgang.health.assess``); here its findings become store
+changes, health events and job moves. A job is moved through its workflow's ``preempt``
+update (a graceful stop: it checkpoints, requeues and resumes elsewhere, since the GPU is
+out of service); if the workflow cannot take the update, the node-lost signal requeues it at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from api.deps import AppState, Caller, State, log
+from api.schemas import FaultInjection
+from fairgang import temporal
+from fairgang.health import FAULT_KINDS, Thresholds, assess, parse_xids
+from fairgang.settings import Settings
+from store import repo
+
+router = APIRouter(prefix="/v1", tags=["health"])
+
+
+def thresholds(settings: Settings) -> Thresholds:
+    return Thresholds(
+        fatal_xids=parse_xids(settings.health_fatal_xids),
+        throttle_beats=settings.health_throttle_beats,
+        correctable_ecc_rise=settings.health_correctable_ecc_rise,
+        retired_pages_fatal=settings.health_retired_pages_fatal,
+    )
+
+
+async def move_job(state: AppState, *, job_id: str, attempt: int, node_id: str, reason: str) -> None:
+    """Ask the job to checkpoint and move (once per attempt); if its workflow does not answer, requeue it as if the node were lost."""
+    if not await repo.add_health_event(
+        state.db, node_id=node_id, kind="job_moved", key=f"move-{job_id}-{attempt}", message=f"{job_id}: {reason}"
+    ):
+        return
+    client = await state.temporal()
+    if client is None:
+        log.warning("cannot move %s off %s: Temporal unreachable", job_id, node_id)
+        return
+    try:
+        await temporal.preempt(client, job_id=job_id, reason=reason)
+    except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unanswered
+        log.warning("preempting %s for health failed (%s): requeueing it as on a lost node", job_id, err)
+        try:
+            await temporal.signal_node_lost(client, job_id=job_id, node_id=node_id)
+        except Exception as err2:  # noqa: BLE001 - the member's heartbeat timeout catches it anyway
+            log.warning("node-lost signal to %s failed: %s", job_id, err2)
+
+
+async def apply_reports(
+    state: AppState, *, node_id: str, reports: list[dict[str, Any]], now: float | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """Store each GPU's report, apply the policy, and return the injected faults the agent should simulate."""
+    now = time.time() if now is None else now
+    node = next((n for n in await repo.list_nodes(state.db) if n.id == node_id), None)
+    if node is None:
+        return {}
+    gpus = {g.index: g for g in await repo.list_gpus(state.db) if g.node_id == node_id}
+    limits = thresholds(state.settings)
+    faults: dict[int, list[dict[str, Any]]] = {i: list(g.health.get("injected") or []) for i, g in gpus.items() if g.health.get("injected")}
+    live = None
+    for entry in reports:
+        gpu = gpus.get(int(entry.get("index", -1)))
+        report = entry.get("health")
+        if gpu is None or not isinstance(report, dict):
+            continue
+        if report.get("simulated") and gpu.index not in faults:
+            # A simulated GPU fails only while the store holds an injected fault: a report in flight
+            # while an admin returned the GPU still carries the old fault, and must not take it out again.
+            report = {k: v for k, v in report.items() if k not in ("xid_errors", "ecc_uncorrectable_volatile", "throttle_reasons")}
+        findings, book = assess(report, gpu.health, limits)
+        fatal = [f for f in findings if f.severity == "fatal"]
+        stored = {**report, **book, **({"injected": faults[gpu.index]} if gpu.index in faults else {})}
+        going_out = bool(fatal) and gpu.healthy
+        await repo.set_gpu_health(state.db, node_id=node_id, index=gpu.index, health=stored, healthy=False if going_out else None)
+        if going_out:
+            why = "; ".join(f.message for f in fatal)
+            log.warning("GPU %s/%d out of service: %s", node_id, gpu.index, why)
+            for f in fatal:
+                await repo.add_health_event(
+                    state.db,
+                    node_id=node_id,
+                    gpu_index=gpu.index,
+                    kind=f.kind,
+                    severity="fatal",
+                    message=f.message,
+                    key=f"{f.kind}-{gpu.index}-{now}",
+                )
+            if live is None:
+                live = await repo.gpu_jobs(state.db, node_id)
+            for job_id, attempt in sorted({(j, a) for (i, j, a) in live if i == gpu.index}):
+                await move_job(state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: GPU {node_id}/{gpu.index} {why}")
+        for f in findings:
+            if f.severity == "degraded" and node.state == "READY":
+                await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
+                node.state = "CORDONED"
+                await repo.add_health_event(
+                    state.db,
+                    node_id=node_id,
+                    gpu_index=gpu.index,
+                    kind=f.kind,
+                    severity="degraded",
+                    message=f"node cordoned: {f.message}",
+                    key=f"{f.kind}-{now}",
+                )
+    if node.state == "CORDONED":
+        await _move_long_jobs_at_checkpoint(state, node_id=node_id, node_gpus=node.gpu_count)
+    return faults
+
+
+async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_gpus: int) -> None:
+    """On a node cordoned for degradation: a multi-node job moves once it has checkpointed since the cordon (R9.1)."""
+    since = await repo.degraded_since(state.db, node_id)
+    if since is None:
+        return
+    for job_id, attempt in await repo.node_jobs(state.db, node_id):
+        job = await repo.get_job(state.db, job_id)
+        if job is None or job.gpu_count <= node_gpus or job.attempt != attempt or (job.latest_checkpoint_at or 0.0) <= since:
+            continue
+        await move_job(
+            state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: node {node_id} degraded; moving after checkpoint"
+        )
+
+
+# ---------------------------------------------------------------- admin
+
+
+def _require_admin(who: repo.Principal) -> None:
+    if not who.admin:
+        raise HTTPException(403, "this endpoint is for admins")
+
+
+async def _node(state: AppState, node_id: str) -> Any:
+    node = next((n for n in await repo.list_nodes(state.db) if n.id == node_id), None)
+    if node is None:
+        raise HTTPException(404, f"no node {node_id}")
+    return node
+
+
+def _node_public(node: Any) -> dict[str, Any]:
+    return {"id": node.id, "state": node.state, "gpu_type": node.gpu_type, "gpu_count": node.gpu_count}
+
+
+@router.post("/nodes/{node_id}/cordon")
+async def cordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
+    """No new work on the node; what runs there keeps running."""
+    _require_admin(who)
+    await _node(state, node_id)
+    node = await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
+    await repo.add_health_event(state.db, node_id=node_id, kind="cordon", message="cordoned by admin", key=f"cordon-{time.time()}")
+    return _node_public(node)
+
+
+@router.post("/nodes/{node_id}/uncordon")
+async def uncordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
+    _require_admin(who)
+    await _node(state, node_id)
+    node = await repo.set_node_state(state.db, node_id=node_id, state="READY")
+    await repo.add_health_event(state.db, node_id=node_id, kind="uncordon", message="uncordoned by admin", key=f"uncordon-{time.time()}")
+    return _node_public(node)
+
+
+@router.post("/nodes/{node_id}/drain")
+async def drain(
+    state: State,
+    who: Caller,
+    node_id: str,
+    checkpoint: bool = Query(default=False, description="Checkpoint the node's jobs off it now (else let them finish)."),
+) -> dict[str, Any]:
+    """Cordon the node and either let its jobs finish or move them (each checkpoints, requeues and resumes elsewhere)."""
+    _require_admin(who)
+    await _node(state, node_id)
+    node = await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
+    jobs = await repo.node_jobs(state.db, node_id)
+    how = "checkpointing its jobs off" if checkpoint else "letting its jobs finish"
+    await repo.add_health_event(state.db, node_id=node_id, kind="drain", message=f"drained by admin, {how}", key=f"drain-{time.time()}")
+    if checkpoint:
+        client = await state.temporal()
+        if client is None:
+            raise HTTPException(503, "the workflow service is unreachable; try again")
+        for job_id, _ in jobs:
+            try:
+                await temporal.preempt(client, job_id=job_id, reason=f"drain: node {node_id} drained by admin")
+            except Exception as err:  # noqa: BLE001 - not running yet or already stopping: it will not come back here
+                log.info("drain: %s not preempted: %s", job_id, err)
+    return {**_node_public(node), "jobs": [j for j, _ in jobs], "moving": checkpoint}
+
+
+@router.post("/nodes/{node_id}/gpus/{index}/return")
+async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dict[str, Any]:
+    """Put a GPU back in service (and forget its injected faults)."""
+    _require_admin(who)
+    gpu = next((g for g in await repo.list_gpus(state.db) if g.node_id == node_id and g.index == index), None)
+    if gpu is None:
+        raise HTTPException(404, f"no GPU {node_id}/{index}")
+    health = {k: v for k, v in gpu.health.items() if k not in ("injected", "xid_errors", "throttled_beats")}
+    await repo.set_gpu_health(state.db, node_id=node_id, index=index, healthy=True, health=health)
+    await repo.add_health_event(
+        state.db,
+        node_id=node_id,
+        gpu_index=index,
+        kind="gpu_returned",
+        message="returned to service by admin",
+        key=f"return-{index}-{time.time()}",
+    )
+    return {"node_id": node_id, "index": index, "healthy": True}
+
+
+@router.post("/nodes/{node_id}/gpus/{index}/faults")
+async def inject_fault(state: State, who: Caller, node_id: str, index: int, fault: FaultInjection) -> dict[str, Any]:
+    """Simulated backend only: the node's agent reports this fault from its next heartbeat on, until the GPU is returned."""
+    _require_admin(who)
+    if fault.kind not in FAULT_KINDS:
+        raise HTTPException(422, f"kind: one of {', '.join(FAULT_KINDS)}")
+    gpu = next((g for g in await repo.list_gpus(state.db) if g.node_id == node_id and g.index == index), None)
+    if gpu is None:
+        raise HTTPException(404, f"no GPU {node_id}/{index}")
+    injected = [*gpu.health.get("injected", []), fault.model_dump(exclude_none=True)]
+    await repo.set_gpu_health(state.db, node_id=node_id, index=index, health={**gpu.health, "injected": injected})
+    return {"node_id": node_id, "index": index, "injected": injected}
+
+
+@router.get("/health/events")
+async def health_events(state: State, who: Caller, limit: int = Query(default=50, ge=1, le=1000)) -> list[dict[str, Any]]:
+    """The latest GPU health events, newest first."""
+    del who  # any authenticated caller may see the fleet's health
+    return [
+        {"ts": e.ts, "node_id": e.node_id, "gpu_index": e.gpu_index, "kind": e.kind, "severity": e.severity, "message": e.message}
+        for e in await repo.recent_health_events(state.db, limit=limit)
+    ]

@@ -1,0 +1,230 @@
+"""What the API shows about the fleet, the queue and the tenants (SPEC R7), read from the store.
+
+The same views feed ``/v1/fleet``, ``/v1/queue``, ``/v1/tenants``, ``/metrics`` and the
+dashboard, so that they always agree. Queue-wait estimates (R7.2) come from
+``simulator.estimate``: a forward simulation of the current queue with the production
+core (``run_cycle``) and expected run times learned per tenant and job name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairgang.settings import Settings
+from scheduler.core import Snapshot, run_cycle
+from scheduler.core.cycle import build_cycle, queue_order
+from scheduler.core.order import dominant_share
+from scheduler.service import build_snapshot
+from simulator.estimate import queue_estimates
+from store import repo
+from store.db import Database
+
+#: How many of a (tenant, job name)'s latest successful runs its expected run time is learned from.
+HISTORY_PER_KEY = 20
+#: Estimates are recomputed when the queue or the capacity changes, and at least this often.
+ESTIMATE_TTL_S = 10.0
+#: The forward simulation's grid (seconds between two policy calls) and its limits.
+ESTIMATE_STEP_S = 30.0
+ESTIMATE_MAX_STEPS = 400
+
+
+def size_class(gpu_count: int) -> str:
+    """A job's size class for metrics: one GPU, up to one node (8), or several nodes."""
+    if gpu_count <= 1:
+        return "1"
+    return "2-8" if gpu_count <= 8 else "9+"
+
+
+def learned_runtimes(history: Iterable[tuple[str, str, float]]) -> dict[tuple[str, str], float]:
+    """(tenant, job name) -> the median run time of its latest successful runs (newest first in ``history``)."""
+    runs: dict[tuple[str, str], list[float]] = {}
+    for tenant, name, seconds in history:
+        bucket = runs.setdefault((tenant, name), [])
+        if len(bucket) < HISTORY_PER_KEY:
+            bucket.append(seconds)
+    return {key: float(statistics.median(values)) for key, values in runs.items()}
+
+
+def with_expected_runtimes(snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float]) -> Snapshot:
+    """The snapshot with learned run times (capped by each job's max runtime) for waiting and running jobs."""
+    pending = []
+    for job in snapshot.pending:
+        expected = learned.get(names.get(job.id, ("", "")))
+        pending.append(job if expected is None else dataclasses.replace(job, expected_runtime_s=min(expected, job.max_runtime_s)))
+    running = []
+    for run in snapshot.running:
+        expected = learned.get(names.get(run.id, ("", "")))
+        end = run.expected_end if expected is None else min(run.expected_end, run.started_at + expected)
+        running.append(dataclasses.replace(run, expected_end=end))
+    return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """The queue in scheduling order, with predicted starts."""
+
+    #: Job id -> position in the scheduler's order (1 = next).
+    position: dict[str, int]
+    #: Job id -> predicted start (UNIX seconds); absent: not within the estimator's horizon.
+    estimated_start: dict[str, float]
+    computed_at: float
+
+
+@dataclass
+class _Cache:
+    key: tuple[str, int] | None = None
+    view: QueueView | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_cache = _Cache()
+
+
+async def snapshot_now(db: Database, settings: Settings, now: float) -> Snapshot:
+    snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s)
+    levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
+    return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
+
+
+async def queue_view(db: Database, settings: Settings, *, now: float | None = None) -> QueueView:
+    """Positions and estimated starts of every waiting job (cached until the queue changes or ``ESTIMATE_TTL_S``)."""
+    now = time.time() if now is None else now
+    key = (db.url, await repo.change_version(db))
+    cached = _cache.view
+    if cached is not None and _cache.key == key and now - cached.computed_at < ESTIMATE_TTL_S:
+        return cached
+    snapshot = await snapshot_now(db, settings, now)
+    jobs = await repo.jobs_by_ids(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
+    names = {job_id: (job.tenant, job.name) for job_id, job in jobs.items()}
+    learned = learned_runtimes(await repo.finished_runtimes(db))
+    snapshot = with_expected_runtimes(snapshot, names, learned)
+    position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
+    estimates = queue_estimates(snapshot, now, run_cycle, step_s=ESTIMATE_STEP_S, max_steps=ESTIMATE_MAX_STEPS)
+    view = QueueView(
+        position=position,
+        estimated_start={e.job_id: max(e.start_at, now) for e in estimates if e.start_at is not None},
+        computed_at=now,
+    )
+    _cache.key, _cache.view = key, view
+    return view
+
+
+# ---------------------------------------------------------------- tenants
+
+
+async def tenant_usage(db: Database, settings: Settings, *, now: float | None = None) -> list[dict[str, Any]]:
+    """Per tenant: weight, cohort, per-type quota with used and borrowed GPUs, dominant share, running and waiting jobs."""
+    now = time.time() if now is None else now
+    snapshot = await snapshot_now(db, settings, now)
+    cycle = build_cycle(snapshot, now)
+    half_life = settings.usage_half_life_s
+    waiting: dict[str, list[str]] = {}
+    for job in sorted(snapshot.pending, key=lambda j: (j.queued_at, j.id)):
+        waiting.setdefault(job.tenant, []).append(job.id)
+    running: dict[str, list[str]] = {}
+    for run in sorted(snapshot.running, key=lambda r: r.id):
+        running.setdefault(run.tenant, []).append(run.id)
+    out = []
+    for tenant in snapshot.tenants:
+        types = sorted({t for t, _ in tenant.quotas} | {r.gpu_type for r in snapshot.running if r.tenant == tenant.name})
+        quotas: dict[str, dict[str, Any]] = {}
+        for gpu_type in types:
+            quota = dict(tenant.quotas).get(gpu_type)
+            nominal = quota.nominal if quota else 0
+            used = cycle.book.used(tenant.name, gpu_type)
+            quotas[gpu_type] = {
+                "guaranteed": nominal,
+                "borrow_limit": quota.borrow_limit if quota else None,
+                "used": used,
+                "borrowed": max(0, used - nominal),
+            }
+        out.append(
+            {
+                "name": tenant.name,
+                "weight": tenant.weight,
+                "cohort": tenant.cohort,
+                "quotas": quotas,
+                "used_gpus": sum(q["used"] for q in quotas.values()),
+                "guaranteed_gpus": sum(q["guaranteed"] for q in quotas.values()),
+                "borrowed_gpus": sum(q["borrowed"] for q in quotas.values()),
+                "dominant_share": round(dominant_share(cycle.book, tenant.name, cycle.capacity, half_life), 6),
+                "running_jobs": running.get(tenant.name, []),
+                "waiting_jobs": waiting.get(tenant.name, []),
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def _blank() -> dict[str, int]:
+    return {"total": 0, "used": 0, "free": 0, "unhealthy": 0, "nodes": 0, "whole_nodes_free": 0, "stranded": 0}
+
+
+async def fleet_view(db: Database, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Nodes with their GPUs, and per GPU type and per topology domain: total, used, free, unhealthy, fragmentation.
+
+    Fragmentation of a group of nodes: ``stranded`` free GPUs sit on partly used nodes (no whole-node
+    gang can use them), ``whole_nodes_free`` nodes are entirely free, and ``fragmentation`` is
+    stranded / free (0: every free GPU is on a whole free node; 1: none is).
+    """
+    now = time.time() if now is None else now
+    used: dict[tuple[str, int], str] = {(g.node_id, g.gpu_index): g.allocation_id for g in await repo.live_allocation_gpus(db)}
+    gpus_by_node: dict[str, list[Any]] = {}
+    for gpu in await repo.list_gpus(db):
+        gpus_by_node.setdefault(gpu.node_id, []).append(gpu)
+    nodes = []
+    totals: dict[str, dict[str, int]] = {}
+    domains: dict[str, dict[str, dict[str, Any]]] = {}
+    levels = [level.strip() for level in settings.topology_levels.split(",") if level.strip() and level.strip() != "node"]
+    for node in await repo.list_nodes(db):
+        stale = node.last_heartbeat is None or now - node.last_heartbeat > settings.node_stale_after_s
+        gpus = gpus_by_node.get(node.id, [])
+        n_used = sum(1 for g in gpus if (node.id, g.index) in used)
+        n_unhealthy = sum(1 for g in gpus if not g.healthy)
+        schedulable = node.state == "READY" and not stale
+        n_free = sum(1 for g in gpus if g.healthy and (node.id, g.index) not in used) if schedulable else 0
+        utilisation = [float(g.health["utilization_pct"]) for g in gpus if isinstance(g.health.get("utilization_pct"), int | float)]
+        nodes.append(
+            {
+                "id": node.id,
+                "gpu_type": node.gpu_type,
+                "gpu_count": node.gpu_count,
+                "labels": node.labels,
+                "state": node.state,
+                "schedulable": schedulable,
+                "last_heartbeat": node.last_heartbeat,
+                "gpus": {"used": n_used, "free": n_free, "unhealthy": n_unhealthy},
+                "utilization_pct": round(sum(utilisation) / len(utilisation), 1) if utilisation else None,
+                "allocations": sorted({used[(node.id, g.index)] for g in gpus if (node.id, g.index) in used}),
+                "gpu_health": [{"index": g.index, "healthy": g.healthy, **g.health} for g in gpus],
+            }
+        )
+        groups = [totals.setdefault(node.gpu_type, _blank())]
+        for level in levels:
+            domain = node.labels.get(level)
+            if domain is not None:
+                entry = domains.setdefault(level, {}).setdefault(domain, {"gpu_types": [], **_blank()})
+                if node.gpu_type not in entry["gpu_types"]:
+                    entry["gpu_types"].append(node.gpu_type)
+                groups.append(entry)
+        for t in groups:
+            t["total"] += node.gpu_count
+            t["used"] += n_used
+            t["free"] += n_free
+            t["unhealthy"] += n_unhealthy
+            t["nodes"] += 1
+            t["whole_nodes_free"] += int(n_free == node.gpu_count and n_free > 0)
+            t["stranded"] += n_free if 0 < n_free < node.gpu_count else 0
+    for group in [*totals.values(), *(d for per_level in domains.values() for d in per_level.values())]:
+        group["fragmentation"] = round(group["stranded"] / group["free"], 4) if group["free"] else 0.0
+    for per_level in domains.values():
+        for entry in per_level.values():
+            entry["gpu_types"].sort()
+    return {"gpu_types": totals, "domains": {lvl: dict(sorted(d.items())) for lvl, d in sorted(domains.items())}, "nodes": nodes}

@@ -1,0 +1,180 @@
+"""GET /metrics: fleet, queue, tenant, job and health metrics for Prometheus, computed from the store at scrape time.
+
+Nothing is kept in the API process: every scrape reads the store, so any number of API
+replicas answer the same, and a restart loses no counter (counters are counts of rows
+in the store's append-only event log). See docs/metrics.md for every metric.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from api import insight
+from api.deps import State
+from fairgang.settings import Settings
+from store import repo
+from store.db import Database
+
+router = APIRouter(tags=["metrics"])
+
+WAIT_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+NODE_STATES = ("DOWN", "READY", "CORDONED", "LOST")
+PREEMPT_REASONS = ("priority", "reclaim", "max_wait", "health")
+
+
+def preemption_reason(message: str) -> str:
+    """The policy behind a preemption's message: priority, reclaim, max_wait, health, or manual (by hand)."""
+    head = message.split(":", 1)[0].strip()
+    return head if head in PREEMPT_REASONS else "manual"
+
+
+def requeue_reason(message: str) -> str:
+    """Why an attempt went back to the queue: a preemption's reason, ``retry`` (its own failure) or ``infrastructure``."""
+    if message.startswith("preempted: "):
+        return preemption_reason(message[len("preempted: ") :])
+    if message.startswith("job failed"):
+        return "retry"
+    return "infrastructure"
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def _histogram(name: str, doc: str, labels: list[str], samples: dict[tuple[str, ...], list[float]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, values in sorted(samples.items()):
+        buckets: list[tuple[str, float]] = [(str(b), float(sum(1 for v in values if v <= b))) for b in WAIT_BUCKETS]
+        buckets.append(("+Inf", float(len(values))))
+        family.add_metric(list(key), buckets, sum_value=sum(values))
+    return family
+
+
+async def collect(db: Database, settings: Settings, *, now: float | None = None) -> list[Metric]:
+    """Every store-derived metric family, as of now."""
+    now = time.time() if now is None else now
+    fleet = await insight.fleet_view(db, settings, now=now)
+    tenants = await insight.tenant_usage(db, settings, now=now)
+    out: list[Metric] = []
+
+    # Fleet: every GPU in exactly one state; capacity and healthy per type; measured utilisation.
+    gpus = GaugeMetricFamily(
+        "fairgang_gpus", "GPUs by type and state (allocated, free, unhealthy, unavailable).", labels=["gpu_type", "state"]
+    )
+    capacity = GaugeMetricFamily("fairgang_gpus_capacity", "GPUs in the fleet, by type.", labels=["gpu_type"])
+    healthy = GaugeMetricFamily("fairgang_gpus_healthy", "Healthy GPUs, by type.", labels=["gpu_type"])
+    per_type: dict[str, dict[str, int]] = {}
+    util = GaugeMetricFamily(
+        "fairgang_gpu_utilization_ratio", "Measured GPU utilisation (0-1) from the agents.", labels=["node", "gpu", "gpu_type"]
+    )
+    for node in fleet["nodes"]:
+        counts = per_type.setdefault(node["gpu_type"], {"allocated": 0, "free": 0, "unhealthy": 0, "unavailable": 0, "total": 0})
+        used, free, bad = node["gpus"]["used"], node["gpus"]["free"], node["gpus"]["unhealthy"]
+        counts["total"] += node["gpu_count"]
+        counts["unhealthy"] += bad
+        counts["allocated"] += used
+        counts["free"] += free
+        counts["unavailable"] += max(0, node["gpu_count"] - used - free - bad)
+        for gpu in node["gpu_health"]:
+            pct = gpu.get("utilization_pct")
+            if isinstance(pct, int | float):
+                util.add_metric([node["id"], str(gpu["index"]), node["gpu_type"]], float(pct) / 100.0)
+    for gpu_type, counts in sorted(per_type.items()):
+        for state in ("allocated", "free", "unhealthy", "unavailable"):
+            gpus.add_metric([gpu_type, state], counts[state])
+        capacity.add_metric([gpu_type], counts["total"])
+        healthy.add_metric([gpu_type], counts["total"] - counts["unhealthy"])
+    frag = GaugeMetricFamily(
+        "fairgang_gpus_stranded", "Free GPUs on partly used nodes (no whole-node gang can use them).", labels=["gpu_type"]
+    )
+    for gpu_type, totals in sorted(fleet["gpu_types"].items()):
+        frag.add_metric([gpu_type], totals["stranded"])
+    nodes = GaugeMetricFamily("fairgang_nodes", "Nodes by state.", labels=["state"])
+    node_states = [n["state"] for n in fleet["nodes"]]
+    for state in sorted(set(NODE_STATES) | set(node_states)):
+        nodes.add_metric([state], node_states.count(state))
+    out += [gpus, capacity, healthy, util, frag, nodes]
+
+    # Queue: length and the oldest wait now, waits of the attempts that started.
+    queued = await repo.queued_jobs(db)
+    length = GaugeMetricFamily("fairgang_queue_length", "Waiting jobs.", labels=["tenant", "gpu_type", "size_class"])
+    oldest = GaugeMetricFamily(
+        "fairgang_queue_oldest_wait_seconds", "How long the longest-waiting job has waited.", labels=["tenant", "gpu_type", "size_class"]
+    )
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for job in queued:
+        groups.setdefault((job.tenant, job.gpu_type, insight.size_class(job.gpu_count)), []).append(max(0.0, now - job.queued_at))
+    for key, waits in sorted(groups.items()):
+        length.add_metric(list(key), len(waits))
+        oldest.add_metric(list(key), max(waits))
+    started_waits: dict[tuple[str, ...], list[float]] = {}
+    for started in await repo.started_attempt_waits(db):
+        started_waits.setdefault((started.tenant, started.gpu_type, insight.size_class(started.gpu_count)), []).append(started.waited_s)
+    out += [
+        length,
+        oldest,
+        _histogram(
+            "fairgang_queue_wait_seconds",
+            "Queue wait of each job's current attempt, once it started.",
+            ["tenant", "gpu_type", "size_class"],
+            started_waits,
+        ),
+    ]
+
+    # Tenants.
+    guaranteed = GaugeMetricFamily("fairgang_tenant_guaranteed_gpus", "Guaranteed (nominal) GPUs.", labels=["tenant", "gpu_type"])
+    used_g = GaugeMetricFamily("fairgang_tenant_used_gpus", "GPUs held by the tenant's jobs.", labels=["tenant", "gpu_type"])
+    borrowed = GaugeMetricFamily("fairgang_tenant_borrowed_gpus", "GPUs used beyond the guarantee.", labels=["tenant", "gpu_type"])
+    share = GaugeMetricFamily("fairgang_tenant_dominant_share", "Weighted dominant share (with decayed past usage).", labels=["tenant"])
+    for tenant in tenants:
+        for gpu_type, q in sorted(tenant["quotas"].items()):
+            guaranteed.add_metric([tenant["name"], gpu_type], q["guaranteed"])
+            used_g.add_metric([tenant["name"], gpu_type], q["used"])
+            borrowed.add_metric([tenant["name"], gpu_type], q["borrowed"])
+        share.add_metric([tenant["name"]], tenant["dominant_share"])
+    out += [guaranteed, used_g, borrowed, share]
+
+    # Preemptions and requeues (counts of the event log), and health events.
+    preemptions = CounterMetricFamily("fairgang_preemptions", "Preemptions by reason.", labels=["reason"])
+    requeues = CounterMetricFamily("fairgang_requeues", "Attempts sent back to the queue, by reason.", labels=["reason"])
+    counted: dict[str, dict[str, int]] = {"PREEMPTING": {}, "REQUEUED": {}}
+    for kind, message in await repo.event_messages(db, ["PREEMPTING", "REQUEUED"]):
+        reason = preemption_reason(message) if kind == "PREEMPTING" else requeue_reason(message)
+        counted[kind][reason] = counted[kind].get(reason, 0) + 1
+    for reason in sorted(set(PREEMPT_REASONS) | {"manual"} | set(counted["PREEMPTING"])):
+        preemptions.add_metric([reason], counted["PREEMPTING"].get(reason, 0))
+    for reason in sorted(set(PREEMPT_REASONS) | {"manual", "retry", "infrastructure"} | set(counted["REQUEUED"])):
+        requeues.add_metric([reason], counted["REQUEUED"].get(reason, 0))
+    out += [preemptions, requeues]
+    out += list(await _health_events(db))
+    return out
+
+
+async def _health_events(db: Database) -> Iterable[Metric]:
+    family = CounterMetricFamily("fairgang_health_events", "GPU health events recorded, by kind.", labels=["kind"])
+    counts: dict[str, int] = {}
+    for kind in await repo.health_event_kinds(db):
+        counts[kind] = counts.get(kind, 0) + 1
+    for kind, n in sorted(counts.items()):
+        family.add_metric([kind], n)
+    return [family]
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(state: State) -> Any:
+    """Prometheus text format; unauthenticated, like any scrape target on the operators' network."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(await collect(state.db, state.settings)))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,152 @@
+"""/metrics, /v1/fleet domains, /v1/tenants and queue-wait estimates, in-process over a real store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.insight import learned_runtimes, size_class
+from api.metrics import requeue_reason
+from store import repo
+from store.db import Database
+from store.models import Job
+from tests.api import test_api
+from tests.api.test_api import ADMIN, ALPHA, BETA, NODE
+from tests.builders import spec_dict
+
+api = test_api.api  # the same fixture: the API in-process over a seeded store
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def metric(values: dict, name: str, **labels: str) -> float:
+    return values[(name, tuple(sorted(labels.items())))]
+
+
+async def register(api: httpx.AsyncClient, node_id: str, utilisation: float) -> None:
+    gpus = [{"index": i, "uuid": f"GPU-{node_id}-{i}", "health": {"utilization_pct": utilisation}} for i in range(8)]
+    body = {
+        "node_id": node_id,
+        "gpu_type": "H100-80GB",
+        "gpu_count": 8,
+        "labels": {"leaf": "l1", "spine": "s1"},
+        "boot_id": "b",
+        "gpus": gpus,
+    }
+    assert (await api.post("/v1/nodes/register", json=body, headers=NODE)).json()["accepted"]
+
+
+async def queue_job(api: httpx.AsyncClient, db: Database, headers: dict, **spec: Any) -> str:
+    resp = await api.post("/v1/jobs", json=spec_dict(**spec), headers=headers)
+    assert resp.status_code == 201, resp.text
+    job_id = str(resp.json()["job"]["id"])
+    await repo.mark_queued(db, job_id=job_id, attempt=1)
+    return job_id
+
+
+async def bind(db: Database, job_id: str, node_id: str, gpus: list[int]) -> None:
+    epoch = await repo.acquire_lease(db, name="placement", holder="test", ttl_s=60)
+    assert epoch is not None
+    rows = [repo.BindingRow(job_id=job_id, attempt=1, members=[{"node_id": node_id, "gpu_indices": gpus, "rank": 0}])]
+    assert await repo.commit_bindings(db, bindings=rows, pending_reasons={}, lease_name="placement", epoch=epoch)
+
+
+async def test_metrics_count_the_fleet_the_queue_and_the_tenants(api: httpx.AsyncClient, seeded: Database) -> None:
+    await register(api, "h1", 50.0)
+    await register(api, "h2", 0.0)
+    running = await queue_job(api, seeded, ALPHA, name="big", gpu_count=4)
+    await bind(seeded, running, "h1", [0, 1, 2, 3])
+    await queue_job(api, seeded, BETA, name="one", checkpoint_dir="/ckpt/beta/one")
+    await queue_job(api, seeded, BETA, name="two", checkpoint_dir="/ckpt/beta/two", gpu_count=2)
+
+    values = scrape((await api.get("/metrics")).text)
+    assert metric(values, "fairgang_gpus", gpu_type="H100-80GB", state="allocated") == 4
+    assert metric(values, "fairgang_gpus", gpu_type="H100-80GB", state="free") == 12
+    assert metric(values, "fairgang_gpus", gpu_type="L40S", state="unavailable") == 4  # its agent never registered
+    assert metric(values, "fairgang_gpus_capacity", gpu_type="H100-80GB") == 16
+    assert metric(values, "fairgang_gpus_stranded", gpu_type="H100-80GB") == 4
+    assert metric(values, "fairgang_gpu_utilization_ratio", node="h1", gpu="3", gpu_type="H100-80GB") == 0.5
+    assert metric(values, "fairgang_nodes", state="READY") == 2 and metric(values, "fairgang_nodes", state="DOWN") == 1
+    assert metric(values, "fairgang_queue_length", tenant="beta", gpu_type="H100-80GB", size_class="1") == 1
+    assert metric(values, "fairgang_queue_length", tenant="beta", gpu_type="H100-80GB", size_class="2-8") == 1
+    assert metric(values, "fairgang_tenant_used_gpus", tenant="alpha", gpu_type="H100-80GB") == 4
+    assert metric(values, "fairgang_tenant_guaranteed_gpus", tenant="alpha", gpu_type="H100-80GB") == 8
+    assert metric(values, "fairgang_tenant_borrowed_gpus", tenant="alpha", gpu_type="H100-80GB") == 0
+    assert metric(values, "fairgang_tenant_dominant_share", tenant="alpha") > metric(
+        values, "fairgang_tenant_dominant_share", tenant="beta"
+    )
+    assert metric(values, "fairgang_requeues_total", reason="reclaim") == 0
+
+    await repo.requeue_job(seeded, job_id=running, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
+    values = scrape((await api.get("/metrics")).text)
+    assert metric(values, "fairgang_requeues_total", reason="reclaim") == 1
+    assert metric(values, "fairgang_gpus", gpu_type="H100-80GB", state="allocated") == 0
+
+
+def test_requeue_reasons_and_size_classes_are_named() -> None:
+    assert requeue_reason("preempted: priority: its GPUs go to j-1") == "priority"
+    assert requeue_reason("preempted: preempted by admin") == "manual"
+    assert requeue_reason("job failed (exit 3); retry 1 of 2") == "retry"
+    assert requeue_reason("node h1 lost") == "infrastructure"
+    assert [size_class(n) for n in (1, 2, 8, 16)] == ["1", "2-8", "2-8", "9+"]
+
+
+async def test_fleet_shows_each_topology_domain_with_its_fragmentation(api: httpx.AsyncClient, seeded: Database) -> None:
+    await register(api, "h1", 0.0)
+    await register(api, "h2", 0.0)
+    job = await queue_job(api, seeded, ALPHA, gpu_count=2)
+    await bind(seeded, job, "h2", [0, 1])
+    fleet = (await api.get("/v1/fleet", headers=BETA)).json()
+    leaf = fleet["domains"]["leaf"]["l1"]
+    assert (leaf["total"], leaf["used"], leaf["free"], leaf["stranded"], leaf["whole_nodes_free"]) == (16, 2, 14, 6, 1)
+    assert leaf["fragmentation"] == round(6 / 14, 4)
+    assert fleet["domains"]["leaf"]["l2"]["free"] == 0  # g1 has no agent
+    assert fleet["gpu_types"]["H100-80GB"]["used"] == 2
+
+
+async def test_a_tenant_sees_only_its_own_quota_usage_and_waiting_jobs(api: httpx.AsyncClient, seeded: Database) -> None:
+    waiting = await queue_job(api, seeded, BETA, checkpoint_dir="/ckpt/beta/x")
+    assert [t["name"] for t in (await api.get("/v1/tenants", headers=ADMIN)).json()] == ["alpha", "beta"]
+    mine = (await api.get("/v1/tenants", headers=BETA)).json()
+    assert [t["name"] for t in mine] == ["beta"]
+    assert mine[0]["waiting_jobs"] == [waiting] and mine[0]["quotas"]["H100-80GB"]["guaranteed"] == 8
+    assert (await api.get("/v1/tenants/beta", headers=ALPHA)).status_code == 404
+    assert (await api.get("/v1/tenants/beta", headers=BETA)).json()["cohort"] == "research"
+
+
+async def test_queue_estimates_start_when_the_running_jobs_are_expected_to_end(api: httpx.AsyncClient, seeded: Database) -> None:
+    await register(api, "h1", 0.0)
+    await register(api, "h2", 0.0)
+    now = time.time()
+    # alpha's "short" job has taken 10 minutes before: its running copy on h1 should end 10 minutes after it started.
+    done = await queue_job(api, seeded, ALPHA, name="short")
+    async with seeded.transaction() as session:
+        row = await session.get(Job, done)
+        assert row is not None
+        row.state, row.started_at, row.finished_at = "SUCCEEDED", now - 1000, now - 400
+    short = await queue_job(api, seeded, ALPHA, name="short", idempotency_key="again", gpu_count=8)
+    await bind(seeded, short, "h1", list(range(8)))
+    long = await queue_job(api, seeded, ALPHA, name="long", gpu_count=8)
+    await bind(seeded, long, "h2", list(range(8)))
+    waiting = await queue_job(api, seeded, BETA, name="next", checkpoint_dir="/ckpt/beta/next", gpu_count=8)
+
+    queue = (await api.get("/v1/queue", headers=BETA)).json()
+    assert [(e["position"], e["job"]["id"]) for e in queue] == [(1, waiting)]
+    eta = queue[0]["estimated_start"]
+    assert eta is not None and now + 600 - 5 <= eta <= now + 600 + 60, eta - now
+    detail = (await api.get(f"/v1/jobs/{waiting}", headers=BETA)).json()
+    assert detail["queue_position"] == 1 and detail["estimated_start"] == eta
+
+
+def test_expected_runtime_is_the_median_of_the_latest_runs_per_tenant_and_name() -> None:
+    history = [("a", "x", 100.0), ("a", "x", 300.0), ("a", "x", 200.0), ("b", "x", 50.0)]
+    assert learned_runtimes(history) == {("a", "x"): 200.0, ("b", "x"): 50.0}
