@@ -194,13 +194,21 @@ def parse_spec(data: Any) -> JobSpec:
         raise SpecError(problems_from_validation(err)) from None
 
 
-def load_spec_text(text: str) -> JobSpec:
-    """Read a job spec from YAML or JSON text (JSON is YAML, but its errors read better)."""
+def load_document(text: str) -> Any:
+    """Decode YAML or JSON text (JSON is YAML, but its errors read better).
+
+    Raises:
+        SpecError: when the text is neither.
+    """
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except ValueError:
         try:
-            data = yaml.safe_load(text)
+            return yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise SpecError([SpecProblem(field="(file)", reason=f"not valid YAML or JSON: {err}")]) from None
-    return parse_spec(data)
+
+
+def load_spec_text(text: str) -> JobSpec:
+    """Read a job spec from YAML or JSON text."""
+    return parse_spec(load_document(text))

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairgang.durations import parse_duration
-from fairgang.spec import JobSpec, SpecError, SpecProblem, parse_spec, problems_from_validation
+from fairgang.spec import JobSpec, SpecError, SpecProblem, load_document, parse_spec, problems_from_validation
 
 #: More trials than this in one sweep is almost surely a mistake (and a lot of jobs).
 MAX_TRIALS = 10_000
@@ -291,14 +291,7 @@ def parse_sweep(data: Any) -> SweepSpec:
 
 def load_sweep_text(text: str) -> SweepSpec:
     """Read a sweep spec from YAML or JSON text."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise SpecError([SpecProblem(field="(file)", reason=f"not valid YAML or JSON: {err}")]) from None
-    return parse_sweep(data)
+    return parse_sweep(load_document(text))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -16,8 +16,10 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from workflows.job import GPU_TYPE, JOB_STATE, STORE_RETRY, TENANT
 
 with workflow.unsafe.imports_passed_through():
     from fairgang.settings import CONTROL_TASK_QUEUE
@@ -37,11 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TrialStatesInput,
     )
 
-TENANT = SearchAttributeKey.for_keyword("Tenant")
-GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
-JOB_STATE = SearchAttributeKey.for_keyword("JobState")
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 #: How long to wait before trying again a trial the tenant's concurrent-job cap held back.
 AT_CAP_RETRY_S = 5.0
 
