@@ -354,6 +354,7 @@ class TrainingJobWorkflow:
 
     async def _requeue(self, reason: str) -> None:
         assert self.job is not None
+        await workflow.wait_condition(workflow.all_handlers_finished)
         await _store("requeue", RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason))
         self.s.attempt += 1
         self.s.placement = None
@@ -363,6 +364,8 @@ class TrainingJobWorkflow:
 
     async def _finish(self, state: str, exit_code: int | None, reason: str, key: str) -> JobOutcome:
         assert self.job is not None
+        # A checkpoint reported as the members stopped is recorded before the job's end is.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         await _store(
             "record_transition",
             TransitionInput(
