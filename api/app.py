@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from api import fleet, health, jobs, metrics, sweeps, tenants
+from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants
 from api.deps import AppState, State
 from fairgang import __version__
 from fairgang.settings import Settings
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tenants.router)
     app.include_router(metrics.router)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:

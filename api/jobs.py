@@ -11,9 +11,10 @@ from temporalio.client import WorkflowUpdateFailedError
 from activities.launch import log_path
 from api import insight
 from api.deps import Caller, State, log, require_user
-from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, SubmitResult
+from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
 from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
+from fairgang.settings import Settings
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
 from store import repo
 from store.models import Job
@@ -32,6 +33,16 @@ async def visible_job(state: State, who: repo.Principal, job_id: str) -> Job:
     if job is None or (not who.admin and job.tenant != who.tenant):
         raise HTTPException(404, f"no job {job_id}")
     return job
+
+
+def temporal_url(settings: Settings, job_id: str) -> str:
+    """The job's workflow page in the Temporal UI (the workflow id is the job id)."""
+    return f"{temporal_workflows_url(settings)}{job_id}"
+
+
+def temporal_workflows_url(settings: Settings) -> str:
+    """The Temporal UI's prefix of a workflow's page: append the workflow id."""
+    return f"{settings.temporal_ui_url.rstrip('/')}/namespaces/{settings.temporal_namespace}/workflows/"
 
 
 async def fleet_shape(state: State) -> FleetShape:
@@ -111,7 +122,6 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
     allocations = [AllocationPublic.of(a) for a in await repo.job_allocations(state.db, job_id)]
     current = next((a for a in reversed(allocations) if a.attempt == job.attempt), None)
     events = [EventPublic.of(e) for e in await repo.job_events(state.db, job_id)]
-    ui = state.settings.temporal_ui_url.rstrip("/")
     position = estimated = None
     if job.state == JobState.QUEUED.value and job.workflow_started:
         view = await insight.queue_view(state.db, state.settings)
@@ -121,7 +131,7 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
         allocation=current,
         allocations=allocations,
         events=events,
-        temporal_url=f"{ui}/namespaces/{state.settings.temporal_namespace}/workflows/{job.id}",
+        temporal_url=temporal_url(state.settings, job.id),
         queue_position=position,
         estimated_start=estimated,
     )
@@ -197,4 +207,33 @@ async def queue(state: State, who: Caller) -> list[QueueEntry]:
         QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id))
         for pos, j in enumerate(jobs, start=1)
         if who.admin or j.tenant == who.tenant
+    ]
+
+
+#: Job event kinds /v1/events/recent serves by default: preemptions and requeues.
+RECENT_EVENT_KINDS = ("PREEMPTING", "REQUEUED")
+
+
+@router.get("/events/recent", response_model=list[RecentEvent])
+async def recent_events(
+    state: State,
+    who: Caller,
+    kinds: str = Query(default=",".join(RECENT_EVENT_KINDS), description="Comma-separated job event kinds, e.g. PREEMPTING,REQUEUED."),
+    limit: int = Query(default=50, ge=1, le=1000),
+) -> list[RecentEvent]:
+    """The latest job events of these kinds, newest first, with their jobs (a tenant sees its own jobs' events)."""
+    require_user(who)
+    wanted = [k.strip().upper() for k in kinds.split(",") if k.strip()]
+    if not wanted:
+        raise HTTPException(422, "kinds: name at least one job event kind")
+    rows = await repo.recent_events(state.db, wanted, tenant=None if who.admin else who.tenant, limit=limit)
+    return [
+        RecentEvent(
+            **EventPublic.of(event).model_dump(),
+            job_id=job.id,
+            tenant=job.tenant,
+            name=job.name,
+            temporal_url=temporal_url(state.settings, job.id),
+        )
+        for event, job in rows
     ]

@@ -21,6 +21,15 @@ class EventPublic(BaseModel):
         return cls(ts=e.ts, attempt=e.attempt, kind=e.kind, message=e.message, data=e.data)
 
 
+class RecentEvent(EventPublic):
+    """A job event with its job (GET /v1/events/recent)."""
+
+    job_id: str
+    tenant: str
+    name: str
+    temporal_url: str
+
+
 class AllocationPublic(BaseModel):
     id: str
     attempt: int

@@ -148,6 +148,7 @@ class DevPlatform:
             argv += ["--runtime", node.runtime]
             self._spawn(f"agent-{node.id}", argv)
         say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
+        say(f"dashboard {self.settings.api_url}/dashboard#token=<a tenant or admin token>")
         say(f"store     {normalise_database_url(self.settings.database_url)}")
         say(f"nodes     {len(self.config.nodes)} simulated ({sum(n.gpus for n in self.config.nodes)} GPUs)")
 

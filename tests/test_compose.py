@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,3 +95,60 @@ def test_agent_matches_the_seeded_cluster() -> None:
     assert node.gpus == int(argv[argv.index("--gpus") + 1])
     labels = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--label")
     assert labels == node.labels
+
+
+def _port(address: str) -> int:
+    return int(str(address).rsplit(":", 1)[1])
+
+
+def test_prometheus_scrapes_every_metrics_endpoint_of_the_compose_file() -> None:
+    services = _services()
+    prometheus = services["prometheus"]
+    mounts = [v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
+    assert mounts, "the prometheus service does not mount deploy/prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = yaml.safe_load((ROOT / mounts[0].split(":", 1)[0]).read_text())
+    targets = {t for job in config["scrape_configs"] for static in job["static_configs"] for t in static["targets"]}
+    paths = {job.get("metrics_path", "/metrics") for job in config["scrape_configs"]}
+    assert paths == {"/metrics"}
+    # The API's own port, the placement service's metrics port, every Temporal SDK metrics address.
+    api_argv = services["api"]["command"]
+    assert f"api:{api_argv[api_argv.index('--port') + 1]}" in targets
+    scheduler_env = services["scheduler"]["environment"]
+    assert f"scheduler:{scheduler_env['FAIRGANG_SCHEDULER_METRICS_PORT']}" in targets
+    assert scheduler_env["FAIRGANG_METRICS_HOST"] == "0.0.0.0", "the placement service's metrics must listen beyond loopback"
+    for name in ("worker", "agent", "scheduler"):
+        bind = services[name]["environment"]["FAIRGANG_TEMPORAL_METRICS_BIND"]
+        assert bind.startswith("0.0.0.0:") and f"{name}:{_port(bind)}" in targets, name
+    assert "FAIRGANG_TEMPORAL_METRICS_BIND" not in services["api"]["environment"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (apt-get install prometheus)")
+def test_promtool_accepts_the_scrape_config() -> None:
+    result = subprocess.run(["promtool", "check", "config", "deploy/prometheus.yml"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard() -> None:
+    services = _services()
+    grafana = services["grafana"]
+    assert "prometheus" in grafana["depends_on"]
+    mounts = dict(v.rsplit(":", 2)[:2] for v in grafana["volumes"] if v.startswith("./"))
+    provisioning = ROOT / next(src for src, dst in mounts.items() if dst == "/etc/grafana/provisioning")
+    dashboards_dir = ROOT / next(src for src, dst in mounts.items() if dst == "/var/lib/grafana/dashboards")
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "fairgang.yml").read_text())["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+
+    documented = set(re.findall(r"`(fairgang_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    dashboard = json.loads((dashboards_dir / "fairgang.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {re.sub(r"_(bucket|count|sum|total)$", "", m) for e in exprs for m in re.findall(r"\bfairgang_[a-z_]+", e)}
+    undocumented = {m for m in used if m not in documented and f"{m}_total" not in documented}
+    assert not undocumented, f"the dashboard uses metrics docs/metrics.md does not list: {undocumented}"
+    wanted = {"fairgang_gpus", "fairgang_gpu_utilization_ratio", "fairgang_queue_length", "fairgang_queue_wait_seconds"}
+    wanted |= {"fairgang_tenant_dominant_share", "fairgang_preemptions", "fairgang_health_events", "fairgang_scheduling_cycle_seconds"}
+    assert wanted <= used, f"no panel shows {wanted - used}"
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"], panel["title"]

@@ -150,3 +150,24 @@ async def test_queue_estimates_start_when_the_running_jobs_are_expected_to_end(a
 def test_expected_runtime_is_the_median_of_the_latest_runs_per_tenant_and_name() -> None:
     history = [("a", "x", 100.0), ("a", "x", 300.0), ("a", "x", 200.0), ("b", "x", 50.0)]
     assert learned_runtimes(history) == {("a", "x"): 200.0, ("b", "x"): 50.0}
+
+
+async def test_recent_events_show_requeues_to_their_tenant_only(api: httpx.AsyncClient, seeded: Database) -> None:
+    await register(api, "h1", 0.0)
+    job = await queue_job(api, seeded, ALPHA, name="moved", gpu_count=2)
+    await bind(seeded, job, "h1", [0, 1])
+    await repo.requeue_job(seeded, job_id=job, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
+    events = (await api.get("/v1/events/recent", params={"kinds": "REQUEUED"}, headers=ALPHA)).json()
+    assert [(e["job_id"], e["kind"], e["tenant"], e["name"]) for e in events] == [(job, "REQUEUED", "alpha", "moved")]
+    assert events[0]["message"].startswith("preempted: reclaim") and events[0]["temporal_url"].endswith(f"/workflows/{job}")
+    assert (await api.get("/v1/events/recent", params={"kinds": "REQUEUED"}, headers=BETA)).json() == []
+    assert (await api.get("/v1/events/recent", params={"kinds": " , "}, headers=ADMIN)).status_code == 422
+    assert (await api.get("/v1/events/recent", headers=NODE)).status_code == 403
+
+
+async def test_the_dashboard_is_served_with_the_temporal_ui_address(api: httpx.AsyncClient) -> None:
+    page = await api.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'content="http://127.0.0.1:8233/namespaces/default/workflows/"' in page.text
+    for table in ("fleet-types", "fleet-domains", "queue", "tenants", "jobs", "preemptions", "health-events"):
+        assert f'id="{table}"' in page.text

@@ -58,6 +58,8 @@ class Platform:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump((cluster or small_cluster()).model_dump(mode="json")))
         self.proc: subprocess.Popen[bytes] | None = None
+        #: More environment for `fairgang dev` and its parts (set before start()).
+        self.extra_env: dict[str, str] = {}
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.temporal_address = f"127.0.0.1:{self.temporal_port}"
 
@@ -81,6 +83,7 @@ class Platform:
                 "FAIRGANG_SWEEP_BATCH_SIZE": "2",
             }
         )
+        env.update(self.extra_env)
         argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]
         argv += ["--api-port", str(self.api_port), "--temporal-port", str(self.temporal_port), "--ui-port", str(self.ui_port)]
         log = self.data_dir / "dev.log"
