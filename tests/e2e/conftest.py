@@ -32,10 +32,15 @@ REPO = Path(__file__).resolve().parents[2]
 _used_ports: set[int] = set()
 
 
+#: Each pytest-xdist worker draws from its own slice of the range, so parallel platforms never collide.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_PORTS = (20000 + 2000 * (_WORKER % 6), 20000 + 2000 * (_WORKER % 6) + 1999)
+
+
 def free_port() -> int:
     """A free port below the ephemeral range, so no server's own random ports can take it."""
     while True:
-        port = random.randint(20000, 32000)
+        port = random.randint(*_PORTS)
         if port in _used_ports:
             continue
         with socket.socket() as sock:

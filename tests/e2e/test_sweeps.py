@@ -10,14 +10,16 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import Client
 
-from tests.e2e.conftest import Platform
+from tests.e2e.conftest import REPO, Platform
 
 pytestmark = pytest.mark.e2e
 SWEEP_DONE = {"COMPLETED", "CANCELLED", "FAILED"}
@@ -254,3 +256,46 @@ def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform
             assert sid not in [s["id"] for s in other.get("/v1/schedules").json()]
         assert http.delete(f"/v1/schedules/{sid}").status_code == 204
         assert http.get(f"/v1/schedules/{sid}").status_code == 404
+
+
+def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Platform, tmp_path: Path) -> None:
+    env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+    spec_file = tmp_path / "sweep.json"
+    spec_file.write_text(
+        json.dumps(sweep_spec("via-cli", "import sys; print('n', sys.argv[1])", parameters={"list": [{"n": 1}, {"n": 2}]}))
+    )
+    done = cli("sweep", "submit", str(spec_file), "--wait", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    sweep = json.loads(done.stdout)
+    assert sweep["state"] == "COMPLETED" and sweep["summary"]["succeeded"] == 2
+    assert sweep["id"] in [s["id"] for s in json.loads(cli("sweep", "ls", "-o", "json").stdout)]
+    assert [t["params"] for t in json.loads(cli("sweep", "show", sweep["id"], "-o", "json").stdout)["trials"]] == [{"n": 1}, {"n": 2}]
+    # A cron schedule created paused never fires by itself; a backfill over the last 3 hours starts its 3 missed hourly runs.
+    sched_file = tmp_path / "schedule.json"
+    body = {
+        "name": "hourly",
+        "schedule": {"cron": "0 * * * *"},
+        "paused": True,
+        "sweep": sweep_spec("hourly", "print('hourly run')", parameters={"list": [{"n": 1}]}),
+    }
+    sched_file.write_text(json.dumps(body))
+    created = cli("schedule", "create", str(sched_file), "-o", "json")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+    assert json.loads(cli("schedule", "ls", "-o", "json").stdout)[0]["paused"] is True
+    assert cli("schedule", "backfill", sid, "--since", "3h").returncode == 0
+    with platform.client("alpha-token") as http:
+        deadline = time.monotonic() + 60
+        while True:
+            runs = http.get("/v1/sweeps", params={"schedule_id": sid}).json()
+            if len(runs) >= 3 and all(r["state"] == "COMPLETED" for r in runs):
+                break
+            assert time.monotonic() < deadline, runs
+            time.sleep(0.5)
+        assert len(runs) == 3
+    assert cli("schedule", "delete", sid).returncode == 0
+    assert sid not in [s["id"] for s in json.loads(cli("schedule", "ls", "-o", "json").stdout)]
