@@ -323,7 +323,8 @@ class TrainingJobWorkflow:
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, BaseException):
-                return GangResult("lost", None, f"member {rank} failed: {r}")
+                cause = r.cause if isinstance(r, ActivityError) and r.cause is not None else r
+                return GangResult("lost", None, f"member {rank} failed: {cause}")
         if results and all(isinstance(r, LaunchResult) and r.exit_code == 0 for r in results.values()):
             return GangResult("succeeded", 0)
         return GangResult("lost", None, "gang ended without a result")

@@ -79,9 +79,12 @@ class Platform:
                 "FAIRGANG_INFRA_RETRY_BACKOFF_S": "1",
                 "FAIRGANG_NODE_HEARTBEAT_INTERVAL_S": "1",
                 "FAIRGANG_SCHEDULER_TICK_S": "2",
-                "FAIRGANG_NODE_STALE_AFTER_S": "3",
-                "FAIRGANG_NODE_LOST_AFTER_S": "4",
-                "FAIRGANG_SELF_FENCE_AFTER_S": "4",
+                # Short, but with room for a loaded machine (three platforms at once under pytest-xdist):
+                # a node silent 6 s gets no new work and is declared lost after 10 s; an agent fences itself
+                # after 8 s without the API, before its node can be declared lost.
+                "FAIRGANG_NODE_STALE_AFTER_S": "6",
+                "FAIRGANG_NODE_LOST_AFTER_S": "10",
+                "FAIRGANG_SELF_FENCE_AFTER_S": "8",
                 "FAIRGANG_LAUNCH_START_TIMEOUT_S": "15",
                 "FAIRGANG_MIN_RUNTIME_BEFORE_PREEMPT_S": "1",
                 # Small sweep batches, so that sweeps continue as new in the tests.
@@ -133,8 +136,8 @@ class Platform:
                 "FAIRGANG_TEMPORAL_ADDRESS": self.temporal_address,
                 "FAIRGANG_API_URL": self.api_url,
                 "FAIRGANG_SCHEDULER_TICK_S": "2",
-                "FAIRGANG_NODE_STALE_AFTER_S": "3",
-                "FAIRGANG_NODE_LOST_AFTER_S": "4",
+                "FAIRGANG_NODE_STALE_AFTER_S": "6",
+                "FAIRGANG_NODE_LOST_AFTER_S": "10",
             }
         )
         return env
