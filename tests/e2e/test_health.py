@@ -93,3 +93,33 @@ def test_cordon_holds_new_work_back_and_drain_checkpoints_jobs_off(platform: Pla
     tenants = cli(platform, "tenants", token="alpha-token")
     assert "alpha" in tenants and "beta" not in tenants
     assert "Queue" in cli(platform, "top")
+
+
+def test_thermal_throttling_cordons_the_node_and_moves_a_gang_at_its_next_checkpoint(platform: Platform) -> None:
+    job = platform.submit(training_spec("hot-gang", steps=400, every=10, gpu_count=16))
+    wait_for_checkpoint(platform, job["id"])
+    cli(platform, "node", "inject-fault", "h1", "0", "thermal")
+    deadline = time.monotonic() + 60
+    while node(platform, "h1")["state"] != "CORDONED":
+        assert time.monotonic() < deadline, node(platform, "h1")
+        time.sleep(0.5)
+    # The gang is not killed at once: it is preempted after a checkpoint newer than the cordon.
+    deadline = time.monotonic() + 90
+    while True:
+        detail = platform.job(job["id"])
+        moved = [e for e in detail["events"] if e["kind"] == "PREEMPTING" and "degraded" in e["message"]]
+        if moved:
+            break
+        assert time.monotonic() < deadline, detail["events"]
+        time.sleep(0.5)
+    with platform.client("admin-token") as http:
+        cordons = [e for e in http.get("/v1/health/events").json() if e["node_id"] == "h1" and "cordoned" in e["message"]]
+    cordoned_at = min(e["ts"] for e in cordons)
+    assert any(e["kind"] == "CHECKPOINT" and cordoned_at <= e["ts"] <= moved[0]["ts"] for e in detail["events"]), detail["events"]
+    # With h1 cordoned the 16-GPU gang cannot come back until an admin returns the node.
+    waiting = platform.wait_for(job["id"], {"QUEUED"}, timeout=60)
+    assert waiting["attempt"] == 2 and waiting["pending_reason"]
+    cli(platform, "node", "return-gpu", "h1", "0")
+    cli(platform, "node", "uncordon", "h1")
+    done = platform.wait_for(job["id"], TERMINAL, timeout=150)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
