@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,8 @@ class RunningMember:
     proc: asyncio.subprocess.Process | None = None
     #: The node's GPUs it was given (the agent reports them busy).
     gpu_indices: list[int] = field(default_factory=list)
+    #: When its launch activity began (monotonic): a store answer read before then cannot know of it.
+    launched_at: float = 0.0
 
 
 class LaunchActivities:
@@ -136,6 +139,7 @@ class LaunchActivities:
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
+        launched_at = time.monotonic()
         path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
@@ -159,7 +163,7 @@ class LaunchActivities:
         member = RunningMember(
             inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, self.runtime, container, proc
         )
-        member.gpu_indices = list(inp.gpu_indices)
+        member.gpu_indices, member.launched_at = list(inp.gpu_indices), launched_at
         self.running[inp.allocation_id] = member
         self._save_state(member)
         try:

@@ -77,15 +77,23 @@ class NodeAgent:
             "gpus": [g.as_dict() for g in inventory],
             "running": sorted(self.launcher.running),
         }
+        asked_at = time.monotonic()
         resp = await self.http.post("/v1/nodes/register", json=body)
         resp.raise_for_status()
-        self.fence(resp.json()["live_allocations"])
+        self.fence(resp.json()["live_allocations"], asked_at)
         self.registered = True
         log.info("node %s registered (boot %s)", self.node_id, self.boot_id)
 
-    def fence(self, live: list[str]) -> None:
-        """Kill anything running whose allocation the store no longer holds (invariant 4)."""
+    def fence(self, live: list[str], asked_at: float) -> None:
+        """Kill anything running whose allocation the store no longer holds (invariant 4).
+
+        ``live`` is the store's answer to a request sent at ``asked_at`` (monotonic): members whose
+        launch began after that cannot be in it yet and are left alone.
+        """
         for allocation_id in sorted(set(self.launcher.running) - set(live)):
+            member = self.launcher.running.get(allocation_id)
+            if member is None or member.launched_at >= asked_at:
+                continue
             log.warning("fencing allocation %s: the store no longer holds it", allocation_id)
             self.launcher.kill(allocation_id)
 
@@ -101,6 +109,7 @@ class NodeAgent:
                     await self.register()
                 busy = frozenset(i for m in self.launcher.running.values() for i in m.gpu_indices)
                 health = self.gpus.health(busy)
+                asked_at = time.monotonic()
                 resp = await self.http.post(
                     f"/v1/nodes/{self.node_id}/heartbeat",
                     json={
@@ -115,7 +124,7 @@ class NodeAgent:
                 # Simulated faults the control plane asks for (tests, demos); NVML ignores them.
                 self.gpus.inject({int(i): f for i, f in (answer.get("faults") or {}).items()})
                 if answer["accepted"]:
-                    self.fence(answer["live_allocations"])
+                    self.fence(answer["live_allocations"], asked_at)
                 else:
                     log.warning("heartbeat refused (node declared lost or restarted): registering again")
                     self.registered = False
