@@ -123,3 +123,14 @@ def test_thermal_throttling_cordons_the_node_and_moves_a_gang_at_its_next_checkp
     cli(platform, "node", "uncordon", "h1")
     done = platform.wait_for(job["id"], TERMINAL, timeout=150)
     assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
+
+
+def test_drain_without_checkpoint_lets_running_jobs_finish_and_takes_no_new_work(platform: Platform) -> None:
+    job = platform.submit(training_spec("finishes-on-drained", steps=60, every=20, gpu_count=8))
+    running = platform.wait_for(job["id"], {"RUNNING"}, timeout=60)
+    [node_id] = {n for n, _ in gpus_of(running)}
+    assert job["id"] in cli(platform, "node", "drain", node_id)
+    done = platform.wait_for(job["id"], TERMINAL, timeout=90)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 1, done
+    assert node(platform, node_id)["state"] == "CORDONED" and not node(platform, node_id)["schedulable"]
+    cli(platform, "node", "uncordon", node_id)
