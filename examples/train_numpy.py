@@ -78,7 +78,8 @@ def main() -> int:
         loss = float(np.mean((x @ weights - y) ** 2))
         print(f"attempt {attempt} step {step} loss {loss:.6f}", flush=True)
         time.sleep(args.step_seconds)
-        if step % args.checkpoint_every == 0 or stop_requested:
+        # Like any data-parallel job, only rank 0 writes the (shared) checkpoint.
+        if (step % args.checkpoint_every == 0 or stop_requested) and os.environ.get("RANK", "0") == "0":
             path = save_checkpoint(checkpoint_dir, step, weights)
             print(f"checkpoint {path.name}", flush=True)
         if stop_requested:
