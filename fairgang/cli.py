@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -14,21 +13,20 @@ from typing import Any
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from fairgang.clikit import ApiUrl, Output, Token, console, err_console
+from fairgang.clikit import check as _check
+from fairgang.clikit import client as _client
+from fairgang.clikit import emit as _emit
+from fairgang.clikit import fail as _fail
+from fairgang.clikit import ts as _ts
 from fairgang.cluster import load_cluster_config
 from fairgang.durations import format_duration
 from fairgang.settings import Settings
 from fairgang.spec import TERMINAL_STATES, SpecError, load_spec_text
 
 app = typer.Typer(help="fairgang: fair gang scheduling for a shared GPU fleet.", no_args_is_help=True)
-console = Console()
-err_console = Console(stderr=True)
-
-ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")
-Token = typer.Option(None, "--token", envvar="FAIRGANG_TOKEN", help="Bearer token.")
-Output = typer.Option("table", "--output", "-o", help="table or json.")
 
 
 def _logging() -> None:
@@ -248,35 +246,6 @@ def _demo_sweep(api_url: str, tokens: dict[str, str], admin: str) -> None:
 # ---------------------------------------------------------------- client
 
 
-def _client(api_url: str | None, token: str | None) -> httpx.Client:
-    url = api_url or Settings().api_url
-    if not token:
-        _fail("no token: pass --token or set FAIRGANG_TOKEN")
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-
-def _fail(message: str, code: int = 1) -> Any:
-    err_console.print(f"[red]error:[/] {message}")
-    raise typer.Exit(code)
-
-
-def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        if isinstance(detail, dict) and "problems" in detail:
-            lines = "\n".join(f"  {p['field']}: {p['reason']}" for p in detail["problems"])
-            _fail(f"{detail.get('error', 'refused')} ({resp.status_code}):\n{lines}")
-        _fail(f"{resp.status_code}: {detail}")
-    return resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
-
-
-def _ts(value: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(value)) if value else "-"
-
-
 def _print_jobs(rows: list[dict[str, Any]]) -> None:
     table = Table("ID", "TENANT", "NAME", "STATE", "GPUS", "ATTEMPT", "EXIT", "CREATED", "WHY")
     for r in rows:
@@ -286,15 +255,6 @@ def _print_jobs(rows: list[dict[str, Any]]) -> None:
             "" if r.get("exit_code") is None else str(r["exit_code"]), _ts(r["created_at"]), why,
         )  # fmt: skip
     console.print(table)
-
-
-def _emit(data: Any, output: str, table: Any) -> None:
-    if output == "json":
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    elif output == "table":
-        table(data)
-    else:
-        _fail(f"--output: '{output}' is not one of table, json")
 
 
 @app.command()

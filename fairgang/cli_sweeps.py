@@ -9,9 +9,14 @@ from typing import Any
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
+from fairgang.clikit import ApiUrl, Output, Token, console, err_console
+from fairgang.clikit import check as _check
+from fairgang.clikit import client as _client
+from fairgang.clikit import emit as _emit
+from fairgang.clikit import fail as _fail
+from fairgang.clikit import ts as _ts
 from fairgang.durations import parse_duration
 from fairgang.spec import SpecError
 from fairgang.sweeps import load_schedule_text, load_sweep_text
@@ -19,38 +24,6 @@ from fairgang.sweeps import load_schedule_text, load_sweep_text
 sweep_app = typer.Typer(help="Hyperparameter sweeps: trials of one job template, each an ordinary job.", no_args_is_help=True)
 schedule_app = typer.Typer(help="Sweeps on a cron expression or an interval (Temporal Schedules).", no_args_is_help=True)
 SWEEP_TERMINAL = {"COMPLETED", "CANCELLED", "FAILED"}
-console = Console()
-err_console = Console(stderr=True)
-ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")
-Token = typer.Option(None, "--token", envvar="FAIRGANG_TOKEN", help="Bearer token.")
-Output = typer.Option("table", "--output", "-o", help="table or json.")
-
-
-def _cli() -> Any:
-    """fairgang.cli, imported when a command runs: it imports this module to register the sub-apps."""
-    from fairgang import cli
-
-    return cli
-
-
-def _client(api_url: str | None, token: str | None) -> Any:
-    return _cli()._client(api_url, token)
-
-
-def _check(resp: Any) -> Any:
-    return _cli()._check(resp)
-
-
-def _emit(data: Any, output: str, table: Any) -> None:
-    _cli()._emit(data, output, table)
-
-
-def _fail(message: str) -> Any:
-    return _cli()._fail(message)
-
-
-def _ts(value: float | None) -> str:
-    return str(_cli()._ts(value))
 
 
 def _read(file: Path) -> dict[str, Any]:

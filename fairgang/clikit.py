@@ -1,0 +1,59 @@
+"""What every `fairgang` client command shares: options, output, errors, the API client."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from fairgang.settings import Settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")
+Token = typer.Option(None, "--token", envvar="FAIRGANG_TOKEN", help="Bearer token.")
+Output = typer.Option("table", "--output", "-o", help="table or json.")
+
+
+def client(api_url: str | None, token: str | None) -> httpx.Client:
+    url = api_url or Settings().api_url
+    if not token:
+        fail("no token: pass --token or set FAIRGANG_TOKEN")
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def fail(message: str, code: int = 1) -> Any:
+    err_console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        if isinstance(detail, dict) and "problems" in detail:
+            lines = "\n".join(f"  {p['field']}: {p['reason']}" for p in detail["problems"])
+            fail(f"{detail.get('error', 'refused')} ({resp.status_code}):\n{lines}")
+        fail(f"{resp.status_code}: {detail}")
+    return resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
+
+
+def ts(value: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(value)) if value else "-"
+
+
+def emit(data: Any, output: str, table: Any) -> None:
+    if output == "json":
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif output == "table":
+        table(data)
+    else:
+        fail(f"--output: '{output}' is not one of table, json")
