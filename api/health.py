@@ -147,23 +147,24 @@ def _node_public(node: Any) -> dict[str, Any]:
     return {"id": node.id, "state": node.state, "gpu_type": node.gpu_type, "gpu_count": node.gpu_count}
 
 
+async def _set_admin_state(state: State, who: repo.Principal, node_id: str, new_state: str, kind: str, message: str) -> Any:
+    """An admin's change of a node's state, with its health event."""
+    _require_admin(who)
+    await _node(state, node_id)
+    node = await repo.set_node_state(state.db, node_id=node_id, state=new_state)
+    await repo.add_health_event(state.db, node_id=node_id, kind=kind, message=message, key=f"{kind}-{time.time()}")
+    return node
+
+
 @router.post("/nodes/{node_id}/cordon")
 async def cordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
     """No new work on the node; what runs there keeps running."""
-    _require_admin(who)
-    await _node(state, node_id)
-    node = await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
-    await repo.add_health_event(state.db, node_id=node_id, kind="cordon", message="cordoned by admin", key=f"cordon-{time.time()}")
-    return _node_public(node)
+    return _node_public(await _set_admin_state(state, who, node_id, "CORDONED", "cordon", "cordoned by admin"))
 
 
 @router.post("/nodes/{node_id}/uncordon")
 async def uncordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
-    _require_admin(who)
-    await _node(state, node_id)
-    node = await repo.set_node_state(state.db, node_id=node_id, state="READY")
-    await repo.add_health_event(state.db, node_id=node_id, kind="uncordon", message="uncordoned by admin", key=f"uncordon-{time.time()}")
-    return _node_public(node)
+    return _node_public(await _set_admin_state(state, who, node_id, "READY", "uncordon", "uncordoned by admin"))
 
 
 @router.post("/nodes/{node_id}/drain")
@@ -174,12 +175,9 @@ async def drain(
     checkpoint: bool = Query(default=False, description="Checkpoint the node's jobs off it now (else let them finish)."),
 ) -> dict[str, Any]:
     """Cordon the node and either let its jobs finish or move them (each checkpoints, requeues and resumes elsewhere)."""
-    _require_admin(who)
-    await _node(state, node_id)
-    node = await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
-    jobs = await repo.node_jobs(state.db, node_id)
     how = "checkpointing its jobs off" if checkpoint else "letting its jobs finish"
-    await repo.add_health_event(state.db, node_id=node_id, kind="drain", message=f"drained by admin, {how}", key=f"drain-{time.time()}")
+    node = await _set_admin_state(state, who, node_id, "CORDONED", "drain", f"drained by admin, {how}")
+    jobs = await repo.node_jobs(state.db, node_id)
     if checkpoint:
         client = await state.temporal()
         if client is None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -82,13 +83,6 @@ async def build_snapshot(
     ``config.usage_half_life_s``; allocations released more than 8 half-lives ago are
     skipped (they weigh under 0.4%).
     """
-    import math
-
-    from sqlalchemy import or_, select
-    from sqlmodel import col
-
-    from store.models import Allocation, Tenant
-
     config = config or SchedulerConfig()
     used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
     healthy: dict[str, set[int]] = {}
@@ -112,16 +106,8 @@ async def build_snapshot(
     pending = tuple(pending_job_view(j) for j in await repo.queued_jobs(db))
     half_life = config.usage_half_life_s
     horizon = now - 8 * half_life
-    async with db.sessions() as session:
-        tenant_rows = (await session.execute(select(Tenant).order_by(col(Tenant.name)))).scalars().all()
-        alloc_rows = (
-            await session.execute(
-                select(Allocation, Job)
-                .join(Job, col(Job.id) == col(Allocation.job_id))
-                .where(or_(col(Allocation.state).in_(repo.LIVE_ALLOCATION_STATES), col(Allocation.released_at) >= horizon))
-                .order_by(col(Allocation.id))
-            )
-        ).all()
+    tenant_rows = await repo.list_tenants(db)
+    alloc_rows = await repo.allocations_with_jobs(db, released_since=horizon)
     decayed: dict[str, dict[str, float]] = {}
     running = []
     for alloc, job in alloc_rows:

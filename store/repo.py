@@ -1011,3 +1011,15 @@ async def degraded_since(db: Database, node_id: str) -> float | None:
         )
         event = (await session.execute(query)).scalars().first()
     return event.ts if event is not None and event.severity == "degraded" else None
+
+
+async def allocations_with_jobs(db: Database, *, released_since: float) -> Sequence[tuple[Allocation, Job]]:
+    """Live allocations, and those released since ``released_since``, each with its job (by allocation id)."""
+    async with db.sessions() as session:
+        query = (
+            select(Allocation, Job)
+            .join(Job, col(Job.id) == col(Allocation.job_id))
+            .where(or_(col(Allocation.state).in_(LIVE_ALLOCATION_STATES), col(Allocation.released_at) >= released_since))
+            .order_by(col(Allocation.id))
+        )
+        return [(alloc, job) for alloc, job in (await session.execute(query)).all()]
