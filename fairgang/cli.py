@@ -531,5 +531,17 @@ app.add_typer(sweep_app, name="sweep")
 app.add_typer(schedule_app, name="schedule")
 
 
+def main() -> None:
+    """The `fairgang` command: the Typer app, with an unreachable or silent API reported in one line."""
+    try:
+        app()
+    except httpx.TimeoutException as err:
+        err_console.print(f"[red]error:[/] the API at {err.request.url.host}:{err.request.url.port} did not answer in time ({err!r})")
+        raise SystemExit(1) from None
+    except httpx.TransportError as err:
+        err_console.print(f"[red]error:[/] cannot reach the API: {err}")
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

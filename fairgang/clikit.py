@@ -22,10 +22,10 @@ Output = typer.Option("table", "--output", "-o", help="table or json.")
 
 
 def client(api_url: str | None, token: str | None) -> httpx.Client:
-    url = api_url or Settings().api_url
+    settings = Settings()
     if not token:
         fail("no token: pass --token or set FAIRGANG_TOKEN")
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    return httpx.Client(base_url=api_url or settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=settings.cli_timeout_s)
 
 
 def fail(message: str, code: int = 1) -> Any:

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     temporal_namespace: str = "default"
     temporal_ui_url: str = "http://127.0.0.1:8233"
     api_url: str = "http://127.0.0.1:8080"
+    #: How long the CLI waits for an API answer.
+    cli_timeout_s: float = 30.0
     #: Shared directory for per-attempt job logs (a shared filesystem in production).
     log_dir: Path = Path("fairgang-logs")
     #: Launch activities heartbeat; a member silent this long is treated as lost.

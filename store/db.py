@@ -23,13 +23,15 @@ def is_sqlite(url: str) -> bool:
     return normalise_database_url(url).startswith("sqlite")
 
 
-def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+def make_engine(url: str, *, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
     """Create the async engine with the settings each backend needs to be shared safely.
 
-    SQLite is shared by several local processes: WAL lets readers run beside a writer,
-    the busy timeout makes a writer wait instead of failing, and every transaction
-    starts with BEGIN IMMEDIATE so that a read-then-write transaction never fails on
-    lock upgrade (SQLITE_BUSY_SNAPSHOT) under contention.
+    SQLite is shared by several local processes: WAL lets readers run beside a writer and
+    the busy timeout makes a writer wait instead of failing. With ``immediate`` every
+    transaction starts with BEGIN IMMEDIATE, so that a read-then-write transaction never
+    fails on lock upgrade (SQLITE_BUSY_SNAPSHOT) under contention; without it (the read
+    engine) a plain BEGIN reads one consistent snapshot and never waits for the write lock,
+    so readers cannot queue behind, or starve, the writers.
     """
     url = normalise_database_url(url)
     if url.startswith("sqlite"):
@@ -50,7 +52,7 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     kwargs.setdefault("pool_size", 10)
@@ -59,12 +61,19 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 
 class Database:
-    """An engine plus a session factory."""
+    """The engines and session factories: ``sessions()`` for reads, ``transaction()`` for writes.
+
+    On PostgreSQL both use one engine. On SQLite reads go through their own engine, whose
+    transactions do not take the write lock (see :func:`make_engine`).
+    """
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         self.url = normalise_database_url(url)
         self.engine = make_engine(self.url, **kwargs)
-        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.read_engine = make_engine(self.url, immediate=False, **kwargs) if self.url.startswith("sqlite") else self.engine
+        #: Read-only work; on SQLite a write here may fail with "database is locked" under contention.
+        self.sessions = async_sessionmaker(self.read_engine, expire_on_commit=False)
+        self._writes = async_sessionmaker(self.engine, expire_on_commit=False)
 
     @property
     def sqlite(self) -> bool:
@@ -73,11 +82,13 @@ class Database:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """A session inside one transaction: committed on success, rolled back on error."""
-        async with self.sessions() as session, session.begin():
+        async with self._writes() as session, session.begin():
             yield session
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+        if self.read_engine is not self.engine:
+            await self.read_engine.dispose()
 
 
 def alembic_config(url: str) -> Config:

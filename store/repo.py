@@ -958,14 +958,12 @@ async def add_health_event(
     event = HealthEvent(
         ts=now, node_id=node_id, gpu_index=gpu_index, kind=kind, severity=severity, message=message, data=data or {}, dedupe_key=key
     )
-    async with db.sessions() as session:
-        session.add(event)
-        try:
-            await session.commit()
-            return True
-        except IntegrityError:
-            await session.rollback()
-            return False
+    try:
+        async with db.transaction() as session:
+            session.add(event)
+        return True
+    except IntegrityError:
+        return False
 
 
 async def recent_health_events(db: Database, *, limit: int = 50) -> Sequence[HealthEvent]:

@@ -245,3 +245,27 @@ async def test_checkpoint_is_recorded_once_per_path(seeded: Database) -> None:
     got = await repo.get_job(seeded, job.id)
     assert got is not None and got.latest_checkpoint == "/ckpt/alpha/a/step-10" and got.latest_checkpoint_at == 50.0
     assert [e.kind for e in await repo.job_events(seeded, job.id)].count("CHECKPOINT") == 1
+
+
+async def test_reads_do_not_wait_for_a_writer(seeded: Database) -> None:
+    """A read never queues behind a write transaction (on SQLite: readers take no write lock)."""
+    import asyncio
+
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def writer() -> None:
+        async with seeded.transaction() as session:
+            await session.execute(text("UPDATE change_feed SET version = version + 1 WHERE id = 1"))
+            holding.set()
+            await release.wait()
+
+    task = asyncio.create_task(writer())
+    await holding.wait()
+    try:
+        # Another connection reads while the write transaction is open; it would block on a held lock.
+        nodes = await asyncio.wait_for(repo.list_nodes(seeded), timeout=20)
+        assert len(nodes) == 3
+        assert not task.done()
+    finally:
+        release.set()
+        await task
