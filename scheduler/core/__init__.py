@@ -1,10 +1,11 @@
-"""The pure scheduling core: ``decisions = run_cycle(snapshot, now)``.
+"""The pure scheduling core: ``decisions = run_cycle(snapshot, now)``, or ``Scheduler().run_cycle``
+for a caller that runs one cycle after another (the same decisions, kept up to date incrementally).
 
 Nothing here does I/O or imports an I/O framework, so the same code runs in the
 placement service, in tests and in the simulator.
 """
 
-from scheduler.core.cycle import run_cycle
+from scheduler.core.cycle import Scheduler, run_cycle
 from scheduler.core.types import (
     Bind,
     Decisions,
@@ -32,6 +33,7 @@ __all__ = [
     "Quota",
     "Reservation",
     "RunningJob",
+    "Scheduler",
     "SchedulerConfig",
     "Snapshot",
     "TenantView",

@@ -2,8 +2,8 @@
 
 The phases (each a named function below; docs/scheduler.md states the policy):
 
-1. ``build_cycle``: the working copy of free GPUs with its indexes, the quota book, and
-   the running jobs by GPU type.
+1. ``build_cycle``: the working copy of free GPUs with its indexes and the quota book
+   (:class:`Scheduler` keeps the working copy from cycle to cycle and only brings it up to date).
 2. ``restore_nominations``: a standing nomination whose victims still run keeps its
    GPUs; one whose victims have stopped binds onto them.
 3. ``order_queue``: holders of standing reservations first, then weighted DRF across
@@ -25,7 +25,7 @@ from itertools import chain
 from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, candidates, plan_preemption, preemptible_now
-from scheduler.core.quota import QuotaBook
+from scheduler.core.quota import QuotaBook, usage_of
 from scheduler.core.reserve import plan_reservation
 from scheduler.core.state import Pool, Workspace
 from scheduler.core.types import (
@@ -52,7 +52,6 @@ class Cycle:
     book: QuotaBook
     pending: dict[str, PendingJob]
     running: dict[str, RunningJob]
-    running_by_type: dict[str, list[RunningJob]]
     #: DRF denominators: GPUs per type.
     capacity: dict[str, int]
     standing: dict[str, Reservation]
@@ -92,7 +91,53 @@ def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
         ``Snapshot.reservations``), a pending reason for every job left waiting, and fragmentation.
     """
     # 1. Working copy, indexes, quota book.
-    cycle = build_cycle(snapshot, now)
+    return decide(build_cycle(snapshot, now), snapshot)
+
+
+class Scheduler:
+    """``run_cycle`` for a caller that runs cycle after cycle: the same decisions, less work.
+
+    It keeps the workspace between cycles (undoing each cycle's own changes at its end) and
+    brings it to the next snapshot by comparing node views and running jobs, so a cycle
+    costs the changed nodes and jobs plus the queue, not the whole fleet. For every
+    snapshot, ``Scheduler().run_cycle(s, t)`` and any long-lived instance's ``run_cycle(s, t)``
+    equal ``run_cycle(s, t)`` (a property test holds it). A change of the fleet's shape, or a
+    cycle that raised, makes the next cycle build afresh.
+    """
+
+    def __init__(self) -> None:
+        self._ws: Workspace | None = None
+        self._usage: dict[tuple[str, str], int] = {}
+        #: Cycles that reused the workspace, and cycles that built it.
+        self.reused = 0
+        self.rebuilt = 0
+
+    def run_cycle(self, snapshot: Snapshot, now: float) -> Decisions:
+        ws = self._ws
+        diff = ws.sync(snapshot, now) if ws is not None else None
+        if ws is None or diff is None:
+            ws = self._ws = Workspace(snapshot, now)
+            self._usage = usage_of(snapshot.running)
+            self.rebuilt += 1
+        else:
+            self.reused += 1
+            for sign, jobs in ((-1, diff[0]), (1, diff[1])):
+                for job in jobs:
+                    key = (job.tenant, job.gpu_type)
+                    left = self._usage.get(key, 0) + sign * job.gpu_count
+                    if left:
+                        self._usage[key] = left
+                    else:
+                        self._usage.pop(key, None)
+        self._ws = None  # until the cycle ends cleanly: a cycle that raises leaves nothing to trust
+        decisions = decide(_cycle_from(snapshot, now, ws, QuotaBook(snapshot.tenants, usage=self._usage)), snapshot)
+        ws.end_cycle()
+        self._ws = ws
+        return decisions
+
+
+def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
+    """Phases 2-6 on a built cycle."""
     # 2. Standing nominations.
     restore_nominations(cycle, snapshot.reservations)
     # 3. Order.
@@ -139,12 +184,12 @@ def queue_order(snapshot: Snapshot, now: float) -> list[str]:
 
 
 def build_cycle(snapshot: Snapshot, now: float) -> Cycle:
-    """Phase 1: index the fleet, count usage against quotas, group running jobs by GPU type."""
+    """Phase 1: index the fleet, count usage against quotas."""
     ws = Workspace(snapshot, now)
-    running = sorted(snapshot.running, key=lambda r: r.id)
-    by_type: dict[str, list[RunningJob]] = {}
-    for job in running:
-        by_type.setdefault(job.gpu_type, []).append(job)
+    return _cycle_from(snapshot, now, ws, QuotaBook(snapshot.tenants, snapshot.running))
+
+
+def _cycle_from(snapshot: Snapshot, now: float, ws: Workspace, book: QuotaBook) -> Cycle:
     pending: dict[str, PendingJob] = {}
     for waiting in sorted(snapshot.pending, key=lambda j: (j.id, j.attempt)):
         pending[waiting.id] = waiting
@@ -156,10 +201,9 @@ def build_cycle(snapshot: Snapshot, now: float) -> Cycle:
         now=now,
         config=snapshot.config,
         ws=ws,
-        book=QuotaBook(snapshot.tenants, snapshot.running),
+        book=book,
         pending=pending,
-        running={job.id: job for job in running},
-        running_by_type=by_type,
+        running=ws.running,
         capacity={t: p.capacity for t, p in ws.pools.items()},
         standing=standing,
     )
@@ -322,7 +366,7 @@ def bind(cycle: Cycle, pool: Pool, job: PendingJob, members: tuple[Member, ...],
     for member in members:
         node = ws.by_id[member.node_id]
         ws.take(node, member.gpu_indices)
-        node.ends.append((job_end, len(member.gpu_indices)))
+        ws.add_end(node, job_end, len(member.gpu_indices))
         hold = pool.holds.get(node.ord)
         if hold is not None and hold.job_id != job.id and job_end > hold.start_at:
             hold.spare -= len(member.gpu_indices)
@@ -335,7 +379,7 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
     if cycle.plans_made >= cycle.config.max_preemption_plans:
         return None
     if job.gpu_type not in cycle.victim_pool:
-        running = cycle.running_by_type.get(job.gpu_type, [])
+        running = [r for r in cycle.running.values() if r.gpu_type == job.gpu_type]
         cycle.victim_pool[job.gpu_type] = preemptible_now(running, cycle.ws.by_id, cycle.now, cycle.config)
     eligible = candidates(cycle.book, job, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.now, cycle.config)
     first = next(eligible, None)
@@ -429,7 +473,7 @@ def fragmentation(ws: Workspace) -> Fragmentation:
     """Per GPU type, after this cycle's binds: free GPUs on partly used nodes, and the largest gang placeable now."""
     stranded, largest = [], []
     for gpu_type, pool in sorted(ws.pools.items()):
-        stranded.append((gpu_type, sum(len(n.free) for n in pool.nodes if 0 < len(n.free) < n.size)))
+        stranded.append((gpu_type, pool.stranded))
         single = max((f for f in range(len(pool.buckets)) if pool.buckets[f]), default=0)
         largest.append((gpu_type, max(single, pool.whole_total * pool.big)))
     return Fragmentation(stranded_gpus=tuple(stranded), largest_placeable=tuple(largest))

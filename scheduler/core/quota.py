@@ -40,7 +40,10 @@ class _Tenant:
 class QuotaBook:
     """Usage per tenant and GPU type, and each cohort's borrowed and lendable totals."""
 
-    def __init__(self, tenants: tuple[TenantView, ...], running: tuple[RunningJob, ...]) -> None:
+    def __init__(
+        self, tenants: tuple[TenantView, ...], running: tuple[RunningJob, ...] = (), usage: dict[tuple[str, str], int] | None = None
+    ) -> None:
+        """Tenants, and what they use now: the running jobs, or ``usage`` already summed per (tenant, GPU type)."""
         self.enabled = bool(tenants)
         self._tenants: dict[str, _Tenant] = {}
         for view in sorted(tenants, key=lambda t: t.name):
@@ -61,8 +64,9 @@ class QuotaBook:
             if tenant.cohort is not None:
                 for gpu_type in tenant.quotas:
                     self._cohort_totals(tenant.cohort, gpu_type)
-        for job in sorted(running, key=lambda r: r.id):
-            self.add(job.tenant, job.gpu_type, job.gpu_count)
+        # Cohort totals depend only on each tenant's final use, so adding the sums is adding the jobs.
+        for (name, gpu_type), gpus in sorted((usage if usage is not None else usage_of(running)).items()):
+            self.add(name, gpu_type, gpus)
 
     def tenant(self, name: str) -> _Tenant:
         found = self._tenants.get(name)
@@ -146,6 +150,15 @@ class QuotaBook:
             else ("unlimited borrowing" if quota.borrow_limit is None else f"borrow limit {quota.borrow_limit}")
         )
         return f"tenant {name} uses {self.used(name, gpu_type)} {gpu_type} GPUs, nominal {quota.nominal}, {limit}"
+
+
+def usage_of(running: tuple[RunningJob, ...] | list[RunningJob]) -> dict[tuple[str, str], int]:
+    """GPUs held per (tenant, GPU type)."""
+    usage: dict[tuple[str, str], int] = {}
+    for job in running:
+        key = (job.tenant, job.gpu_type)
+        usage[key] = usage.get(key, 0) + job.gpu_count
+    return usage
 
 
 def _borrowed(quota: Quota, used: int) -> int:

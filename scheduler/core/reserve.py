@@ -27,10 +27,10 @@ def free_at(node: NodeState, count: int, now: float) -> tuple[float, int]:
     free = len(node.free)
     if free >= count:
         return now, free
-    for end, gpus in sorted(node.ends):
+    for end, gpus in sorted((max(end, now), gpus) for end, gpus in node.ends):
         free += gpus
         if free >= count:
-            return max(end, now), free
+            return end, free
     return INF, free
 
 

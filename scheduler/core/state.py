@@ -35,7 +35,8 @@ class NodeState:
     free: set[int]
     #: Domain key per upper level (index 0 = the level just above "node").
     domains: tuple[DomainKey, ...]
-    #: (expected end, GPUs) of every job holding GPUs here, including this cycle's binds.
+    #: (expected end, GPUs) of every job holding GPUs here, including this cycle's binds. Ends
+    #: are as the jobs say (possibly past); readers clamp them to the cycle's ``now``.
     ends: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -77,6 +78,8 @@ class Pool:
     #: GPUs of full-size nodes in the whole pool, schedulable or not.
     static_total: int
     holds: dict[int, Hold] = field(default_factory=dict)
+    #: Free GPUs on partly used schedulable nodes (fragmentation), kept current on every change.
+    stranded: int = 0
 
 
 def _domain_keys(node: NodeView, upper: tuple[str, ...]) -> tuple[DomainKey, ...]:
@@ -84,14 +87,41 @@ def _domain_keys(node: NodeView, upper: tuple[str, ...]) -> tuple[DomainKey, ...
     return tuple(values[i:] for i in range(len(upper)))
 
 
+def upper_levels(topology_levels: tuple[str, ...]) -> tuple[str, ...]:
+    """The topology levels above "node", lowest first."""
+    return tuple(level for level in topology_levels if level != "node")
+
+
+#: Per node: the running jobs holding GPUs there, each with its members on that node.
+JobsOnNode = dict[str, tuple[RunningJob, list[tuple[int, ...]]]]
+
+
 class Workspace:
-    """Free GPUs per node, the per-type indexes, and the journal that undoes changes."""
+    """Free GPUs per node, the per-type indexes, and the journal that undoes changes.
+
+    A workspace may outlive its cycle (:class:`scheduler.core.cycle.Scheduler`): ``end_cycle``
+    undoes everything the cycle did, and ``sync`` brings it to the next snapshot by
+    touching only the nodes whose view or running jobs changed. Node ordinals, pools and
+    domains are fixed at construction, so any change of the fleet's shape (a node added,
+    removed, cordoned, retyped or relabelled) makes ``sync`` refuse and the caller rebuilds.
+    """
 
     def __init__(self, snapshot: Snapshot, now: float) -> None:
         self.now = now
-        self.upper: tuple[str, ...] = tuple(level for level in snapshot.topology_levels if level != "node")
+        self.upper: tuple[str, ...] = upper_levels(snapshot.topology_levels)
         held = _gpus_held_by_running(snapshot.running)
         all_nodes = sorted(snapshot.nodes, key=lambda n: n.id)
+        #: What ``sync`` compares the next snapshot with.
+        self._nodes_seen: tuple[NodeView, ...] = snapshot.nodes
+        self._views: dict[str, NodeView] = {view.id: view for view in snapshot.nodes}
+        self._running_seen: tuple[RunningJob, ...] = snapshot.running
+        self.running: dict[str, RunningJob] = {job.id: job for job in snapshot.running}
+        self._jobs_on: dict[str, JobsOnNode] = {}
+        for job in snapshot.running:
+            self._place_running(job)
+        #: Every change of this cycle (binds, holds of nominations), undone by ``end_cycle``.
+        self._cycle_log: list[tuple[NodeState, tuple[int, ...], bool]] = []
+        self._ends_added: list[NodeState] = []
         self.nodes: list[NodeState] = []
         self.by_id: dict[str, NodeState] = {}
         by_type: dict[str, list[NodeView]] = {}
@@ -101,11 +131,10 @@ class Workspace:
         for gpu_type in sorted(by_type):
             self.pools[gpu_type] = self._build_pool(gpu_type, by_type[gpu_type], held)
         for running in sorted(snapshot.running, key=lambda r: r.id):
-            end = max(running.expected_end, now)
             for member in running.members:
                 node = self.by_id.get(member.node_id)
                 if node is not None:
-                    node.ends.append((end, len(member.gpu_indices)))
+                    node.ends.append((running.expected_end, len(member.gpu_indices)))
         self._journal: list[tuple[NodeState, tuple[int, ...], bool]] = []
 
     def _build_pool(self, gpu_type: str, views: list[NodeView], held: dict[str, set[int]]) -> Pool:
@@ -143,6 +172,8 @@ class Workspace:
             self.by_id[node.id] = node
             pool.nodes.append(node)
             pool.buckets[len(free)].append(node.ord)
+            if 0 < len(free) < node.size:
+                pool.stranded += len(free)
             if view.gpu_count != big:
                 continue
             for i, key in enumerate(keys):
@@ -172,11 +203,18 @@ class Workspace:
         """Mark ``gpus`` of ``node`` used (a bind, a hold, or a victim put back)."""
         self._change(node, gpus, add=False)
         self._journal.append((node, gpus, False))
+        self._cycle_log.append((node, gpus, False))
 
     def give(self, node: NodeState, gpus: tuple[int, ...]) -> None:
         """Mark ``gpus`` of ``node`` free (a victim's GPUs in a preemption "what if")."""
         self._change(node, gpus, add=True)
         self._journal.append((node, gpus, True))
+        self._cycle_log.append((node, gpus, True))
+
+    def add_end(self, node: NodeState, end: float, gpus: int) -> None:
+        """A job bound this cycle will free ``gpus`` of ``node`` at ``end``."""
+        node.ends.append((end, gpus))
+        self._ends_added.append(node)
 
     def mark(self) -> int:
         """A point to roll back to."""
@@ -186,6 +224,7 @@ class Workspace:
         """Undo every change since ``mark``, newest first."""
         while len(self._journal) > mark:
             node, gpus, added = self._journal.pop()
+            self._cycle_log.pop()
             self._change(node, gpus, add=not added)
 
     def commit(self) -> None:
@@ -205,8 +244,119 @@ class Workspace:
         bucket = pool.buckets[before]
         del bucket[bisect_left(bucket, node.ord)]
         insort(pool.buckets[after], node.ord)
+        pool.stranded += (after if 0 < after < node.size else 0) - (before if 0 < before < node.size else 0)
         if node.size == pool.big and (before == node.size) != (after == node.size):
             self._count_whole(pool, node, +1 if after == node.size else -1)
+
+    # ------------------------------------------------------------ across cycles
+
+    def end_cycle(self) -> None:
+        """Undo the cycle: its binds, nominations and holds; the workspace is the snapshot's again."""
+        while self._cycle_log:
+            node, gpus, added = self._cycle_log.pop()
+            self._change(node, gpus, add=not added)
+        self._journal.clear()
+        while self._ends_added:
+            self._ends_added.pop().ends.pop()
+        for pool in self.pools.values():
+            pool.holds.clear()
+
+    def sync(self, snapshot: Snapshot, now: float) -> tuple[list[RunningJob], list[RunningJob]] | None:
+        """Bring the workspace to ``snapshot``; the running jobs that went and came, or None to rebuild.
+
+        Unchanged views and jobs (the same objects, or equal ones) cost a comparison each.
+        """
+        if self._cycle_log or self._ends_added or upper_levels(snapshot.topology_levels) != self.upper:
+            return None
+        touched: set[str] = set()
+        if snapshot.nodes is not self._nodes_seen:
+            if len(snapshot.nodes) != len(self._views):
+                return None
+            for view in snapshot.nodes:
+                old = self._views.get(view.id)
+                if old is view:
+                    continue
+                if old is None or (old.gpu_type, old.gpu_count, old.labels, old.schedulable) != (
+                    view.gpu_type,
+                    view.gpu_count,
+                    view.labels,
+                    view.schedulable,
+                ):
+                    return None
+                if old.free != view.free:
+                    touched.add(view.id)
+                self._views[view.id] = view
+            self._nodes_seen = snapshot.nodes
+        gone: list[RunningJob] = []
+        came: list[RunningJob] = []
+        if snapshot.running is not self._running_seen:
+            current: dict[str, RunningJob] = {}
+            for job in snapshot.running:
+                current[job.id] = job
+            if len(current) != len(snapshot.running):
+                return None  # one job listed twice: only a fresh build counts it as the one-shot path does
+            for job_id, job in current.items():
+                old_job = self.running.get(job_id)
+                if old_job is job:
+                    continue
+                if old_job is not None:
+                    if old_job == job:
+                        continue
+                    gone.append(old_job)
+                came.append(job)
+            gone.extend(job for job_id, job in self.running.items() if job_id not in current)
+            for job in gone:
+                touched.update(self._unplace_running(job))
+            for job in came:
+                touched.update(self._place_running(job))
+            self.running = current
+            self._running_seen = snapshot.running
+        for node_id in touched:
+            self._refresh_node(node_id)
+        self.now = now
+        return gone, came
+
+    def _place_running(self, job: RunningJob) -> set[str]:
+        touched = set()
+        for member in job.members:
+            on_node = self._jobs_on.setdefault(member.node_id, {})
+            entry = on_node.get(job.id)
+            if entry is None:
+                on_node[job.id] = (job, [member.gpu_indices])
+            else:
+                entry[1].append(member.gpu_indices)
+            touched.add(member.node_id)
+        return touched
+
+    def _unplace_running(self, job: RunningJob) -> set[str]:
+        touched = set()
+        for member in job.members:
+            on_node = self._jobs_on.get(member.node_id)
+            if on_node is not None:
+                on_node.pop(job.id, None)
+            touched.add(member.node_id)
+        return touched
+
+    def _refresh_node(self, node_id: str) -> None:
+        """Free GPUs and expected ends of one node, from its view and its running jobs (as built)."""
+        node = self.by_id.get(node_id)
+        view = self._views.get(node_id)
+        if node is None or view is None:
+            return
+        held: set[int] = set()
+        ends: list[tuple[float, int]] = []
+        for job, gpu_lists in self._jobs_on.get(node_id, {}).values():
+            for gpus in gpu_lists:
+                held.update(gpus)
+                ends.append((job.expected_end, len(gpus)))
+        free = {g for g in view.free if 0 <= g < view.gpu_count} - held
+        taken = tuple(node.free - free)
+        if taken:
+            self._change(node, taken, add=False)
+        added = tuple(free - node.free)
+        if added:
+            self._change(node, added, add=True)
+        node.ends = ends
 
 
 def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:

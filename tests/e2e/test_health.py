@@ -43,12 +43,12 @@ def metric(platform: Platform, name: str, **labels: str) -> float:
 
 
 def test_a_fatal_xid_moves_the_job_and_keeps_the_gpu_out_until_returned(platform: Platform) -> None:
-    job = platform.submit(training_spec("xid-victim", steps=150))
+    job = platform.submit(training_spec("xid-victim", steps=600))
     running = wait_for_checkpoint(platform, job["id"])
     (node_id, index), *_ = sorted(gpus_of(running))
     cli(platform, "node", "inject-fault", node_id, str(index), "xid", "--xid", "79")
 
-    done = platform.wait_for(job["id"], TERMINAL, timeout=120)
+    done = platform.wait_for(job["id"], TERMINAL, timeout=240)
     assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
     assert any(e["kind"] == "PREEMPTING" and "Xid 79" in e["message"] for e in done["events"]), done["events"]
     assert (node_id, index) not in gpus_of(done)
@@ -68,7 +68,7 @@ def test_a_fatal_xid_moves_the_job_and_keeps_the_gpu_out_until_returned(platform
 def test_cordon_holds_new_work_back_and_drain_checkpoints_jobs_off(platform: Platform) -> None:
     for node_id in ("h1", "h2"):
         cli(platform, "node", "cordon", node_id)
-    job = platform.submit(training_spec("cordoned", steps=150))
+    job = platform.submit(training_spec("cordoned", steps=400))
     time.sleep(3)
     assert platform.job(job["id"])["state"] == "QUEUED"
     queue = cli(platform, "queue", token="alpha-token")
