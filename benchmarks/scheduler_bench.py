@@ -7,7 +7,8 @@ sizes; then at 4x and 16x that (nodes, tenants, running and pending jobs all sca
 Quotas: each tenant's nominal is 1/50 of each GPU type, 10 tenants per cohort, two in three
 may borrow without limit (the others up to 64 GPUs).
 
-Two measurements per scale, on one core, timing only ``run_cycle``:
+Two measurements per scale and mode, on one core, timing only the cycle (``Scheduler.run_cycle``, the
+placement service's long-lived scheduler, or a one-shot ``run_cycle``):
 
 - full cycle: a rolling run; between cycles virtual time moves 30 s, due jobs end,
   bindings become running jobs and arrivals refill the queue to its size;
@@ -38,6 +39,7 @@ from scheduler.core import (
     Quota,
     Reservation,
     RunningJob,
+    Scheduler,
     SchedulerConfig,
     Snapshot,
     TenantView,
@@ -217,16 +219,18 @@ def _apply(world: World, snapshot: Snapshot, decisions: object) -> None:
     world.reservations = decisions.reservations
 
 
-def _timed_cycle(snapshot: Snapshot, now: float) -> tuple[float, object]:
+def _timed_cycle(scheduler: Scheduler | None, snapshot: Snapshot, now: float) -> tuple[float, object]:
+    """One cycle: the service's long-lived ``Scheduler``, or a one-shot ``run_cycle`` (None)."""
     gc.collect()
     start = time.perf_counter()
-    decisions = run_cycle(snapshot, now)
+    decisions = run_cycle(snapshot, now) if scheduler is None else scheduler.run_cycle(snapshot, now)
     return time.perf_counter() - start, decisions
 
 
-def bench_scale(scale: int, cycles: int, frees: int, seed: int) -> dict[str, float]:
+def bench_scale(scale: int, cycles: int, frees: int, seed: int, one_shot: bool = False) -> dict[str, float]:
     rng = random.Random(seed + 1)
     world = build_world(scale, seed)
+    scheduler = None if one_shot else Scheduler()
     size = len(world.pending)
     times = []
     for _ in range(cycles):
@@ -235,7 +239,7 @@ def bench_scale(scale: int, cycles: int, frees: int, seed: int) -> dict[str, flo
             _end(world, job_id)
         _refill(world, rng, size)
         snapshot = world.snapshot()
-        elapsed, decisions = _timed_cycle(snapshot, world.now)
+        elapsed, decisions = _timed_cycle(scheduler, snapshot, world.now)
         times.append(elapsed)
         _apply(world, snapshot, decisions)
     latencies, bound, reserved = [], 0, 0
@@ -246,7 +250,7 @@ def bench_scale(scale: int, cycles: int, frees: int, seed: int) -> dict[str, flo
         for job_id in sorted(j for j, r in world.running.items() if any(m.node_id == node_id for m in r.members)):
             _end(world, job_id)
         snapshot = world.snapshot()
-        elapsed, decisions = _timed_cycle(snapshot, world.now)
+        elapsed, decisions = _timed_cycle(scheduler, snapshot, world.now)
         latencies.append(elapsed)
         from scheduler.core import Decisions
 
@@ -282,17 +286,27 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=60, help="full cycles at 1x (fewer at larger scales)")
     parser.add_argument("--frees", type=int, default=20, help="node-free events at 1x (fewer at larger scales)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--modes",
+        default="scheduler,one-shot",
+        help="scheduler: one long-lived Scheduler across the cycles (the placement service); one-shot: run_cycle afresh each cycle",
+    )
     args = parser.parse_args()
-    table = Table(title="scheduler core: run_cycle on one core (ms)")
-    for column in ("scale", "nodes", "GPUs", "tenants", "pending", "running", "cycle p50", "cycle p99", "cycle max"):
+    table = Table(title="scheduler core: one cycle on one core (ms)")
+    for column in ("mode", "scale", "nodes", "GPUs", "tenants", "pending", "running", "cycle p50", "cycle p99", "cycle max"):
         table.add_column(column, justify="right")
     for column in ("free→bind p50", "free→bind max", "freed node bound", "… or reserved"):
         table.add_column(column, justify="right")
-    for scale in (int(s) for s in args.scales.split(",")):
+    modes = [m.strip() for m in args.modes.split(",")]
+    unknown = [m for m in modes if m not in ("scheduler", "one-shot")]
+    if unknown:
+        parser.error(f"--modes: {', '.join(unknown)} is not one of scheduler, one-shot")
+    for mode, scale in ((m, int(s)) for m in modes for s in args.scales.split(",")):
         cycles = max(5, args.cycles // scale)
         frees = max(3, args.frees // scale)
-        r = bench_scale(scale, cycles, frees, args.seed)
+        r = bench_scale(scale, cycles, frees, args.seed, one_shot=mode == "one-shot")
         table.add_row(
+            mode,
             f"{scale}x",
             f"{r['nodes']:,}",
             f"{r['gpus']:,}",
@@ -307,7 +321,7 @@ def main() -> None:
             f"{r['freed_bound']:.0%}",
             f"{r['freed_reserved']:.0%}",
         )
-        Console().print(f"{scale}x done: {cycles} cycles, {frees} node frees")
+        Console().print(f"{mode} {scale}x done: {cycles} cycles, {frees} node frees")
     Console(width=200).print(table)
 
 

@@ -107,17 +107,21 @@ class Scheduler:
 
     def __init__(self) -> None:
         self._ws: Workspace | None = None
+        self._book: QuotaBook | None = None
         self._usage: dict[tuple[str, str], int] = {}
         #: Cycles that reused the workspace, and cycles that built it.
         self.reused = 0
         self.rebuilt = 0
 
     def run_cycle(self, snapshot: Snapshot, now: float) -> Decisions:
-        ws = self._ws
+        ws, book = self._ws, self._book
+        # Until the cycle ends cleanly: a cycle that raises leaves nothing to trust.
+        self._ws = self._book = None
         diff = ws.sync(snapshot, now) if ws is not None else None
         if ws is None or diff is None:
-            ws = self._ws = Workspace(snapshot, now)
+            ws = Workspace(snapshot, now)
             self._usage = usage_of(snapshot.running)
+            book = None
             self.rebuilt += 1
         else:
             self.reused += 1
@@ -129,10 +133,15 @@ class Scheduler:
                         self._usage[key] = left
                     else:
                         self._usage.pop(key, None)
-        self._ws = None  # until the cycle ends cleanly: a cycle that raises leaves nothing to trust
-        decisions = decide(_cycle_from(snapshot, now, ws, QuotaBook(snapshot.tenants, usage=self._usage)), snapshot)
+                    if book is not None:
+                        book.add(job.tenant, job.gpu_type, sign * job.gpu_count)
+        if book is None or not book.sync_tenants(snapshot.tenants):
+            book = QuotaBook(snapshot.tenants, usage=self._usage)
+        book.logging = True
+        decisions = decide(_cycle_from(snapshot, now, ws, book), snapshot)
         ws.end_cycle()
-        self._ws = ws
+        book.undo()
+        self._ws, self._book = ws, book
         return decisions
 
 

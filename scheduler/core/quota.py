@@ -46,6 +46,12 @@ class QuotaBook:
         """Tenants, and what they use now: the running jobs, or ``usage`` already summed per (tenant, GPU type)."""
         self.enabled = bool(tenants)
         self._tenants: dict[str, _Tenant] = {}
+        #: What ``sync_tenants`` compares the next views with: the views, and each tenant's fixed part.
+        self._views_seen = tenants
+        self._shapes: dict[str, tuple[float, str | None, tuple[tuple[str, Quota], ...]]] = {}
+        #: Changes to undo (``undo``), while ``logging``.
+        self._log: list[tuple[str, str, int]] = []
+        self.logging = False
         for view in sorted(tenants, key=lambda t: t.name):
             self._tenants[view.name] = _Tenant(
                 name=view.name,
@@ -54,6 +60,7 @@ class QuotaBook:
                 quotas=dict(view.quotas),
                 decayed=dict(view.decayed_usage),
             )
+            self._shapes[view.name] = (view.weight, view.cohort, view.quotas)
         #: (cohort, type) -> [borrowed, lendable now]
         self._cohorts: dict[tuple[str, str], list[int]] = {}
         self._members: dict[str, list[_Tenant]] = {}
@@ -99,6 +106,8 @@ class QuotaBook:
 
     def add(self, name: str, gpu_type: str, gpus: int) -> None:
         """Count ``gpus`` more (negative: fewer) of ``gpu_type`` against ``name``."""
+        if self.logging:
+            self._log.append((name, gpu_type, gpus))
         tenant = self.tenant(name)
         before = tenant.used.get(gpu_type, 0)
         after = before + gpus
@@ -110,6 +119,31 @@ class QuotaBook:
         totals = self._cohort_totals(tenant.cohort, gpu_type)
         totals[0] += _borrowed(quota, after) - _borrowed(quota, before)
         totals[1] += _lendable(quota, after) - _lendable(quota, before)
+
+    def undo(self) -> None:
+        """Take back every change made while ``logging``, newest first, and stop logging."""
+        self.logging = False
+        while self._log:
+            name, gpu_type, gpus = self._log.pop()
+            self.add(name, gpu_type, -gpus)
+
+    def sync_tenants(self, tenants: tuple[TenantView, ...]) -> bool:
+        """Take the tenants' newly decayed usage; False when anything else about them changed (rebuild)."""
+        if tenants is self._views_seen:
+            return True
+        if bool(tenants) != self.enabled or len(tenants) != len(self._shapes):
+            return False
+        names = set()
+        for view in tenants:
+            if self._shapes.get(view.name) != (view.weight, view.cohort, view.quotas):
+                return False
+            names.add(view.name)
+        if len(names) != len(self._shapes):
+            return False
+        for view in tenants:
+            self._tenants[view.name].decayed = dict(view.decayed_usage)
+        self._views_seen = tenants
+        return True
 
     # ------------------------------------------------------------ questions
 

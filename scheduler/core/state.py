@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 from scheduler.core.types import NodeView, RunningJob, Snapshot
 
@@ -115,6 +117,7 @@ class Workspace:
         self._nodes_seen: tuple[NodeView, ...] = snapshot.nodes
         self._views: dict[str, NodeView] = {view.id: view for view in snapshot.nodes}
         self._running_seen: tuple[RunningJob, ...] = snapshot.running
+        self._running_objects: dict[int, RunningJob] = {id(job): job for job in snapshot.running}
         self.running: dict[str, RunningJob] = {job.id: job for job in snapshot.running}
         self._jobs_on: dict[str, JobsOnNode] = {}
         for job in snapshot.running:
@@ -269,48 +272,60 @@ class Workspace:
         if self._cycle_log or self._ends_added or upper_levels(snapshot.topology_levels) != self.upper:
             return None
         touched: set[str] = set()
-        if snapshot.nodes is not self._nodes_seen:
-            if len(snapshot.nodes) != len(self._views):
+        nodes = snapshot.nodes
+        if nodes is not self._nodes_seen:
+            seen = self._nodes_seen
+            if len(nodes) != len(seen) or len(seen) != len(self._views):
                 return None
-            for view in snapshot.nodes:
-                old = self._views.get(view.id)
-                if old is view:
-                    continue
-                if old is None or (old.gpu_type, old.gpu_count, old.labels, old.schedulable) != (
+            # Positions whose view is another object (found at C speed); each must still be the same node.
+            for i in compress(range(len(nodes)), map(is_not, nodes, seen)):
+                view, old = nodes[i], seen[i]
+                if old.id != view.id or (old.gpu_type, old.gpu_count, old.labels, old.schedulable) != (
                     view.gpu_type,
                     view.gpu_count,
                     view.labels,
                     view.schedulable,
                 ):
-                    return None
+                    return None  # reordered, or the fleet's shape changed
                 if old.free != view.free:
                     touched.add(view.id)
                 self._views[view.id] = view
-            self._nodes_seen = snapshot.nodes
+            self._nodes_seen = nodes
         gone: list[RunningJob] = []
         came: list[RunningJob] = []
-        if snapshot.running is not self._running_seen:
-            current: dict[str, RunningJob] = {}
-            for job in snapshot.running:
-                current[job.id] = job
-            if len(current) != len(snapshot.running):
-                return None  # one job listed twice: only a fresh build counts it as the one-shot path does
-            for job_id, job in current.items():
-                old_job = self.running.get(job_id)
-                if old_job is job:
+        running = snapshot.running
+        if running is not self._running_seen:
+            # Set algebra on object identities: only the jobs that are new objects cost Python work.
+            now_objects = dict(zip(map(id, running), running, strict=True))
+            if len(now_objects) != len(running):
+                return None  # the same object listed twice
+            before = self._running_objects
+            left = [before[k] for k in before.keys() - now_objects.keys()]
+            arrived = [now_objects[k] for k in now_objects.keys() - before.keys()]
+            left.sort(key=_job_id)
+            arrived.sort(key=_job_id)
+            replaced = {job.id: job for job in left}
+            for job in arrived:
+                old_job = replaced.pop(job.id, None)
+                if old_job is not None and old_job == job:
+                    self.running[job.id] = job
                     continue
                 if old_job is not None:
-                    if old_job == job:
-                        continue
                     gone.append(old_job)
+                elif job.id in self.running:
+                    return None  # one job listed twice
                 came.append(job)
-            gone.extend(job for job_id, job in self.running.items() if job_id not in current)
+            gone.extend(replaced.values())
             for job in gone:
+                del self.running[job.id]
                 touched.update(self._unplace_running(job))
             for job in came:
+                self.running[job.id] = job
                 touched.update(self._place_running(job))
-            self.running = current
-            self._running_seen = snapshot.running
+            if len(self.running) != len(running):
+                return None
+            self._running_objects = now_objects
+            self._running_seen = running
         for node_id in touched:
             self._refresh_node(node_id)
         self.now = now
@@ -357,6 +372,10 @@ class Workspace:
         if added:
             self._change(node, added, add=True)
         node.ends = ends
+
+
+def _job_id(job: RunningJob) -> str:
+    return job.id
 
 
 def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:

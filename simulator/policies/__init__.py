@@ -20,9 +20,9 @@ Policy = Callable[[Snapshot, float], Decisions]
 
 def _ours() -> Policy:
     # Imported when asked for, so the baselines never depend on the production core's code.
-    from scheduler.core import run_cycle
+    from scheduler.core import Scheduler
 
-    return run_cycle
+    return Scheduler().run_cycle
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,16 @@ def _advance(draw: Draw, snapshot: Snapshot, decisions: Decisions, now: float, s
     if tenants and draw(st.booleans()):
         tenants = tuple(
             TenantView(
-                name=t.name, weight=t.weight, cohort=t.cohort, quotas=t.quotas, decayed_usage=(("H100", draw(st.floats(0, 10 * H))),)
+                name=t.name, weight=t.weight, cohort=t.cohort, quotas=t.quotas, decayed_usage=(("H100", draw(st.floats(0, 500 * H))),)
             )
             for t in tenants
         )
+    if tenants and draw(st.integers(0, 5)) == 0:  # an admin changes a tenant's weight or cohort
+        first = tenants[0]
+        tenants = (replace(first, weight=first.weight + 1.0, cohort=draw(st.sampled_from((None, "c1")))), *tenants[1:])
+    if draw(st.integers(0, 9)) == 0:  # the same fleet, listed in another order
+        nodes.reverse()
+        shape_changed = True
     keep_running = tuple(running.values()) if draw(st.booleans()) else tuple(replace(r) for r in running.values())
     return (
         replace(
