@@ -23,13 +23,14 @@ end: the victims still hold their GPUs until they have checkpointed and stopped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 
 from scheduler.core.order import aged_priority, victim_cost_key, waited_s
-from scheduler.core.placement import Respect, place
+from scheduler.core.placement import Respect, could_fit, level_index, place
 from scheduler.core.quota import QuotaBook
-from scheduler.core.state import NodeState, Pool, Workspace
+from scheduler.core.state import DomainKey, NodeState, Pool, Workspace
 from scheduler.core.types import Member, PendingJob, RunningJob, SchedulerConfig
 
 
@@ -44,18 +45,29 @@ class Plan:
 
 def victim_reason(job: PendingJob, victim: RunningJob, book: QuotaBook, now: float, config: SchedulerConfig) -> str | None:
     """Why ``victim`` may be preempted for ``job`` (ignoring borrowing, checked while planning), or None."""
-    if victim.tenant == job.tenant and victim.priority < job.priority:
-        return "priority"
-    if victim.tenant != job.tenant and book.within_nominal(job.tenant, job.gpu_type, job.gpu_count):
-        return "reclaim"
-    if (
-        victim.tenant != job.tenant
-        and waited_s(job, now) >= config.max_wait_s
-        and now - victim.started_at >= config.max_wait_s
-        and victim.priority < aged_priority(job, now, config)
-    ):
-        return "max_wait"
-    return None
+    return _Preemptor(job, book, now, config).reason(victim)
+
+
+class _Preemptor:
+    """What :func:`victim_reason` asks about the preemptor, worked out once for all its candidates."""
+
+    __slots__ = ("aged", "config", "job", "long_waited", "now", "within_nominal")
+
+    def __init__(self, job: PendingJob, book: QuotaBook, now: float, config: SchedulerConfig) -> None:
+        self.job, self.now, self.config = job, now, config
+        self.within_nominal = book.within_nominal(job.tenant, job.gpu_type, job.gpu_count)
+        self.long_waited = waited_s(job, now) >= config.max_wait_s
+        self.aged = aged_priority(job, now, config)
+
+    def reason(self, victim: RunningJob) -> str | None:
+        job = self.job
+        if victim.tenant == job.tenant:
+            return "priority" if victim.priority < job.priority else None
+        if self.within_nominal:
+            return "reclaim"
+        if self.long_waited and self.now - victim.started_at >= self.config.max_wait_s and victim.priority < self.aged:
+            return "max_wait"
+        return None
 
 
 def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: QuotaBook) -> bool:
@@ -78,10 +90,11 @@ def candidates(
 ) -> Iterator[tuple[RunningJob, str]]:
     """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), cheapest first, lazily:
     a plan stops reading once the job fits."""
+    preemptor = _Preemptor(job, book, now, config)
     for victim in pool:
         if victim.id in stopping:
             continue
-        reason = victim_reason(job, victim, book, now, config)
+        reason = preemptor.reason(victim)
         if reason is None:
             continue
         if _needs_borrowing(job, victim, reason, book) and not book.borrowing(victim.tenant, job.gpu_type):
@@ -100,10 +113,51 @@ def _victim_gpus(ws: Workspace, victim: RunningJob) -> list[tuple[NodeState, tup
     return out
 
 
+def _fits_if_all_released(ws: Workspace, pool: Pool, job: PendingJob, eligible: list[tuple[RunningJob, str]]) -> bool:
+    """Could ``job`` fit, ignoring reservations, if every eligible victim stopped? A necessary condition
+    of a plan (the walk releases a subset of them), cheap next to the walk, and false for most blocked gangs."""
+    released: dict[str, set[int]] = {}
+    for victim, _ in eligible:
+        for node, gpus in _victim_gpus(ws, victim):
+            released.setdefault(node.id, set()).update(gpus)
+    if job.gpu_count <= pool.max_size:
+        if could_fit(ws, pool, job):
+            return True
+        return any(len(ws.by_id[n].free) + len(gpus - ws.by_id[n].free) >= job.gpu_count for n, gpus in released.items())
+    if pool.big <= 0:
+        return False
+    need = math.ceil(job.gpu_count / pool.big)
+    levels = len(ws.upper)
+    top, spanning = levels - 1, True
+    if job.topology_level != "any" and job.topology_required:
+        cap = level_index(ws.upper, job.topology_level)
+        if cap is None or cap < 0:
+            return False
+        top, spanning = cap, False
+    extra: list[dict[DomainKey, int]] = [{} for _ in range(top + 1)]
+    extra_total = 0
+    for node_id, freed in released.items():
+        node = ws.by_id[node_id]
+        if node.size != pool.big or len(node.free) == node.size or len(node.free | freed) != node.size:
+            continue
+        extra_total += 1
+        for level in range(top + 1):
+            key = node.domains[level]
+            extra[level][key] = extra[level].get(key, 0) + 1
+    if spanning and pool.whole_total + extra_total >= need:
+        return True
+    return any(pool.whole[level].get(key, 0) + count >= need for level in range(top + 1) for key, count in extra[level].items()) or any(
+        count >= need for level in range(top + 1) for count in pool.whole[level].values()
+    )
+
+
 def plan_preemption(
     ws: Workspace, pool: Pool, book: QuotaBook, job: PendingJob, eligible: Iterable[tuple[RunningJob, str]], respect: Respect
 ) -> Plan | None:
     """The cheapest victim set that lets ``job`` be placed, or None. Leaves the workspace as it found it."""
+    eligible = list(eligible)
+    if not _fits_if_all_released(ws, pool, job, eligible):
+        return None
     start = ws.mark()
     chosen: list[tuple[RunningJob, str, list[tuple[NodeState, tuple[int, ...]]]]] = []
     given: dict[str, int] = {}
@@ -116,7 +170,7 @@ def plan_preemption(
             ws.give(node, gpus)
         given[victim.tenant] = given.get(victim.tenant, 0) + victim.gpu_count
         chosen.append((victim, reason, released))
-        if place(ws, pool, job, respect) is not None:
+        if could_fit(ws, pool, job) and place(ws, pool, job, respect) is not None:
             fits = True
             break
     if not fits:
@@ -127,7 +181,7 @@ def plan_preemption(
         before = ws.mark()
         for node, gpus in chosen[index][2]:
             ws.take(node, gpus)
-        if place(ws, pool, job, respect) is None:
+        if not could_fit(ws, pool, job) or place(ws, pool, job, respect) is None:
             ws.rollback(before)
         else:
             del chosen[index]

@@ -265,7 +265,8 @@ class Workspace:
             pool.holds.clear()
 
     def sync(self, snapshot: Snapshot, now: float) -> tuple[list[RunningJob], list[RunningJob]] | None:
-        """Bring the workspace to ``snapshot``; the running jobs that went and came, or None to rebuild.
+        """Bring the workspace to ``snapshot``; None to rebuild, else the running jobs whose GPUs stopped
+        and started counting against their tenants (a job whose tenant, type or size changed is in both).
 
         Unchanged views and jobs (the same objects, or equal ones) cost a comparison each.
         """
@@ -305,23 +306,38 @@ class Workspace:
             left.sort(key=_job_id)
             arrived.sort(key=_job_id)
             replaced = {job.id: job for job in left}
+            moved: list[tuple[RunningJob | None, RunningJob | None]] = []
             for job in arrived:
                 old_job = replaced.pop(job.id, None)
-                if old_job is not None and old_job == job:
+                if old_job is None:
+                    if job.id in self.running:
+                        return None  # one job listed twice
+                    moved.append((None, job))
+                    came.append(job)
+                    continue
+                if old_job == job:
                     self.running[job.id] = job
                     continue
-                if old_job is not None:
+                # A new view of a job that was running (say, a newer checkpoint): the workspace
+                # cares only where it runs and when it ends, the quota book only whose GPUs it holds.
+                if old_job.members != job.members or old_job.expected_end != job.expected_end:
+                    moved.append((old_job, job))
+                else:
+                    self.running[job.id] = job
+                if (old_job.tenant, old_job.gpu_type, old_job.gpu_count) != (job.tenant, job.gpu_type, job.gpu_count):
                     gone.append(old_job)
-                elif job.id in self.running:
-                    return None  # one job listed twice
-                came.append(job)
-            gone.extend(replaced.values())
-            for job in gone:
-                del self.running[job.id]
-                touched.update(self._unplace_running(job))
-            for job in came:
-                self.running[job.id] = job
-                touched.update(self._place_running(job))
+                    came.append(job)
+            for old_job in replaced.values():
+                moved.append((old_job, None))
+                gone.append(old_job)
+            for before_job in (pair[0] for pair in moved):
+                if before_job is not None:
+                    del self.running[before_job.id]
+                    touched.update(self._unplace_running(before_job))
+            for after_job in (pair[1] for pair in moved):
+                if after_job is not None:
+                    self.running[after_job.id] = after_job
+                    touched.update(self._place_running(after_job))
             if len(self.running) != len(running):
                 return None
             self._running_objects = now_objects

@@ -106,6 +106,15 @@ def _advance(draw: Draw, snapshot: Snapshot, decisions: Decisions, now: float, s
         nodes.reverse()
         shape_changed = True
     keep_running = tuple(running.values()) if draw(st.booleans()) else tuple(replace(r) for r in running.values())
+    changed = draw(st.sampled_from(("none", "checkpoint", "end", "tenant")))
+    if keep_running and changed != "none":  # a new view of one running job: a checkpoint, a new expected end, a new owner
+        job_now: RunningJob = keep_running[0]
+        renewed = {
+            "checkpoint": replace(job_now, last_checkpoint_at=now),
+            "end": replace(job_now, expected_end=job_now.expected_end + 600.0),
+            "tenant": replace(job_now, tenant=TENANTS[(TENANTS.index(job_now.tenant) + 1) % len(TENANTS)]),
+        }[changed]
+        keep_running = (renewed, *keep_running[1:])
     return (
         replace(
             snapshot,
