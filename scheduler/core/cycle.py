@@ -388,15 +388,14 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
     if cycle.plans_made >= cycle.config.max_preemption_plans:
         return None
     if job.gpu_type not in cycle.victim_pool:
-        running = [r for r in cycle.running.values() if r.gpu_type == job.gpu_type]
-        cycle.victim_pool[job.gpu_type] = preemptible_now(running, cycle.ws.by_id, cycle.now, cycle.config)
+        cycle.victim_pool[job.gpu_type] = preemptible_now(cycle.ws.victims.get(job.gpu_type, {}).values(), cycle.now, cycle.config)
     eligible = candidates(cycle.book, job, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.now, cycle.config)
     first = next(eligible, None)
     if first is None:
         return None
     cycle.plans_made += 1
     eligible = chain([first], eligible)
-    return plan_preemption(cycle.ws, pool, cycle.book, job, eligible, end)
+    return plan_preemption(cycle.ws, pool, cycle.book, job, eligible, end, cycle.now)
 
 
 def commit_plan(cycle: Cycle, job: PendingJob, plan: Plan) -> None:

@@ -24,7 +24,7 @@ end: the victims still hold their GPUs until they have checkpointed and stopped.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from scheduler.core.order import aged_priority, victim_cost_key, waited_s
@@ -74,22 +74,17 @@ def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: Quo
     return book.enabled and victim.tenant != job.tenant and reason in ("reclaim", "max_wait")
 
 
-def preemptible_now(running: list[RunningJob], nodes: Container[str], now: float, config: SchedulerConfig) -> list[RunningJob]:
-    """Running jobs that could be victims at all this cycle, cheapest first (computed once per GPU type)."""
-    found = [
-        job
-        for job in running
-        if job.preemptible and now - job.started_at >= config.min_runtime_before_preempt_s and any(m.node_id in nodes for m in job.members)
-    ]
-    found.sort(key=lambda job: victim_cost_key(job, now))
-    return found
+def preemptible_now(victims: Iterable[RunningJob], now: float, config: SchedulerConfig) -> list[RunningJob]:
+    """Of the jobs that may ever be victims (preemptible, on a schedulable node: ``Workspace.victims``),
+    those that have run long enough to be victims this cycle (computed once per GPU type), in no set order."""
+    least = config.min_runtime_before_preempt_s
+    return [job for job in victims if now - job.started_at >= least]
 
 
 def candidates(
     book: QuotaBook, job: PendingJob, pool: list[RunningJob], stopping: set[str], now: float, config: SchedulerConfig
 ) -> Iterator[tuple[RunningJob, str]]:
-    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), cheapest first, lazily:
-    a plan stops reading once the job fits."""
+    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), in the pool's order."""
     preemptor = _Preemptor(job, book, now, config)
     for victim in pool:
         if victim.id in stopping:
@@ -152,12 +147,23 @@ def _fits_if_all_released(ws: Workspace, pool: Pool, job: PendingJob, eligible: 
 
 
 def plan_preemption(
-    ws: Workspace, pool: Pool, book: QuotaBook, job: PendingJob, eligible: Iterable[tuple[RunningJob, str]], respect: Respect
+    ws: Workspace,
+    pool: Pool,
+    book: QuotaBook,
+    job: PendingJob,
+    eligible: Iterable[tuple[RunningJob, str]],
+    respect: Respect,
+    now: float,
 ) -> Plan | None:
-    """The cheapest victim set that lets ``job`` be placed, or None. Leaves the workspace as it found it."""
+    """The cheapest victim set that lets ``job`` be placed, or None. Leaves the workspace as it found it.
+
+    Victims are tried cheapest first (:func:`victim_cost_key` at ``now``), but only once the job is
+    known to fit if all of them stopped: most blocked gangs are not, and they cost no sort and no walk.
+    """
     eligible = list(eligible)
     if not _fits_if_all_released(ws, pool, job, eligible):
         return None
+    eligible.sort(key=lambda pair: victim_cost_key(pair[0], now))
     start = ws.mark()
     chosen: list[tuple[RunningJob, str, list[tuple[NodeState, tuple[int, ...]]]]] = []
     given: dict[str, int] = {}

@@ -117,7 +117,10 @@ class Workspace:
         self._nodes_seen: tuple[NodeView, ...] = snapshot.nodes
         self._views: dict[str, NodeView] = {view.id: view for view in snapshot.nodes}
         self._running_seen: tuple[RunningJob, ...] = snapshot.running
+        #: The running job views of the snapshot last seen, by object identity (they are kept alive here,
+        #: so no new object can take an identity of theirs).
         self._running_objects: dict[int, RunningJob] = {id(job): job for job in snapshot.running}
+        self._running_ids: set[int] = set(self._running_objects)
         self.running: dict[str, RunningJob] = {job.id: job for job in snapshot.running}
         self._jobs_on: dict[str, JobsOnNode] = {}
         for job in snapshot.running:
@@ -138,6 +141,10 @@ class Workspace:
                 node = self.by_id.get(member.node_id)
                 if node is not None:
                     node.ends.append((running.expected_end, len(member.gpu_indices)))
+        #: Per GPU type, the running jobs that may ever be victims: preemptible, on a schedulable node.
+        self.victims: dict[str, dict[str, RunningJob]] = {}
+        for running in self.running.values():
+            self._note_victim(running)
         self._journal: list[tuple[NodeState, tuple[int, ...], bool]] = []
 
     def _build_pool(self, gpu_type: str, views: list[NodeView], held: dict[str, set[int]]) -> Pool:
@@ -296,15 +303,18 @@ class Workspace:
         came: list[RunningJob] = []
         running = snapshot.running
         if running is not self._running_seen:
-            # Set algebra on object identities: only the jobs that are new objects cost Python work.
-            now_objects = dict(zip(map(id, running), running, strict=True))
-            if len(now_objects) != len(running):
+            # Set algebra on object identities (at C speed): only the jobs that are new objects cost Python work.
+            now_ids = set(map(id, running))
+            if len(now_ids) != len(running):
                 return None  # the same object listed twice
-            before = self._running_objects
-            left = [before[k] for k in before.keys() - now_objects.keys()]
-            arrived = [now_objects[k] for k in now_objects.keys() - before.keys()]
-            left.sort(key=_job_id)
-            arrived.sort(key=_job_id)
+            left_ids = self._running_ids - now_ids
+            arrived_ids = now_ids - self._running_ids
+            objects = self._running_objects
+            left = [objects.pop(k) for k in left_ids]
+            arrived = list(compress(running, map(arrived_ids.__contains__, map(id, running)))) if arrived_ids else []
+            for job in arrived:
+                objects[id(job)] = job
+            self._running_ids = now_ids
             replaced = {job.id: job for job in left}
             moved: list[tuple[RunningJob | None, RunningJob | None]] = []
             for job in arrived:
@@ -317,6 +327,7 @@ class Workspace:
                     continue
                 if old_job == job:
                     self.running[job.id] = job
+                    self._note_victim(job)
                     continue
                 # A new view of a job that was running (say, a newer checkpoint): the workspace
                 # cares only where it runs and when it ends, the quota book only whose GPUs it holds.
@@ -324,6 +335,8 @@ class Workspace:
                     moved.append((old_job, job))
                 else:
                     self.running[job.id] = job
+                    self._forget_victim(old_job)
+                    self._note_victim(job)
                 if (old_job.tenant, old_job.gpu_type, old_job.gpu_count) != (job.tenant, job.gpu_type, job.gpu_count):
                     gone.append(old_job)
                     came.append(job)
@@ -333,19 +346,27 @@ class Workspace:
             for before_job in (pair[0] for pair in moved):
                 if before_job is not None:
                     del self.running[before_job.id]
+                    self._forget_victim(before_job)
                     touched.update(self._unplace_running(before_job))
             for after_job in (pair[1] for pair in moved):
                 if after_job is not None:
                     self.running[after_job.id] = after_job
+                    self._note_victim(after_job)
                     touched.update(self._place_running(after_job))
             if len(self.running) != len(running):
                 return None
-            self._running_objects = now_objects
             self._running_seen = running
         for node_id in touched:
             self._refresh_node(node_id)
         self.now = now
         return gone, came
+
+    def _note_victim(self, job: RunningJob) -> None:
+        if job.preemptible and any(m.node_id in self.by_id for m in job.members):
+            self.victims.setdefault(job.gpu_type, {})[job.id] = job
+
+    def _forget_victim(self, job: RunningJob) -> None:
+        self.victims.get(job.gpu_type, {}).pop(job.id, None)
 
     def _place_running(self, job: RunningJob) -> set[str]:
         touched = set()
@@ -388,10 +409,6 @@ class Workspace:
         if added:
             self._change(node, added, add=True)
         node.ends = ends
-
-
-def _job_id(job: RunningJob) -> str:
-    return job.id
 
 
 def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:
