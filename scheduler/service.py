@@ -1,6 +1,6 @@
 """The placement service: the I/O around the pure core.
 
-Each cycle: 1. hold the leader lease, 2. snapshot the store, 3. ``run_cycle``,
+Each cycle: 1. hold the leader lease, 2. snapshot the store, 3. the core (``Scheduler.run_cycle``),
 4. commit the bindings in one transaction fenced by the lease epoch, 5. signal each
 bound job's workflow (only after the commit: invariant 3), 6. reconcile (re-signal
 unacknowledged bindings, start workflows the API failed to start).
@@ -35,10 +35,10 @@ from scheduler.core import (
     Quota,
     Reservation,
     RunningJob,
+    Scheduler,
     SchedulerConfig,
     Snapshot,
     TenantView,
-    run_cycle,
 )
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
@@ -183,6 +183,9 @@ class PlacementService:
         self.reservations: tuple[Reservation, ...] = ()
         #: Preemptions already asked for, by (job id, attempt): each is asked once.
         self.preempting: set[tuple[str, int]] = set()
+        #: The core, kept across cycles: it decides as ``run_cycle`` does, bringing its working copy of
+        #: the fleet up to date instead of building it from the whole snapshot every cycle.
+        self.scheduler = Scheduler()
 
     async def cycle(self, now: float | None = None) -> CycleReport:
         """One scheduling cycle (see the module docstring for its phases), timed into ``fairgang_scheduling_cycle_seconds``."""
@@ -209,7 +212,7 @@ class PlacementService:
         )
         snapshot = dataclasses.replace(snapshot, topology_levels=self.topology_levels)
         decided = time.perf_counter()
-        decisions = run_cycle(snapshot, now)
+        decisions = self.scheduler.run_cycle(snapshot, now)
         metrics.SCHEDULING_DECISION.observe(time.perf_counter() - decided)
         # 4. Commit, fenced by the epoch.
         rows = [

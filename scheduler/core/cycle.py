@@ -70,8 +70,10 @@ class Cycle:
     #: Jobs decided before phase 4 (nominations).
     done: set[str] = field(default_factory=set)
     plans_made: int = 0
-    #: GPU type -> running jobs that may be victims this cycle, cheapest first (built on first need).
+    #: GPU type -> running jobs that may be victims this cycle, in no set order (built on first need).
     victim_pool: dict[str, list[RunningJob]] = field(default_factory=dict)
+    #: The same, per GPU type and tenant.
+    victims_by_tenant: dict[str, dict[str, list[RunningJob]]] = field(default_factory=dict)
     #: Shape -> smallest GPU count that did not fit even ignoring reservations. Free GPUs
     #: only shrink during phase 4, so every later job of that shape and at least that size fails too.
     no_fit_from: dict[tuple[str, int, bool], int] = field(default_factory=dict)
@@ -388,8 +390,21 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
     if cycle.plans_made >= cycle.config.max_preemption_plans:
         return None
     if job.gpu_type not in cycle.victim_pool:
-        cycle.victim_pool[job.gpu_type] = preemptible_now(cycle.ws.victims.get(job.gpu_type, {}).values(), cycle.now, cycle.config)
-    eligible = candidates(cycle.book, job, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.now, cycle.config)
+        pool_now = preemptible_now(cycle.ws.victims.get(job.gpu_type, {}).values(), cycle.now, cycle.config)
+        by_tenant: dict[str, list[RunningJob]] = {}
+        for victim in pool_now:
+            by_tenant.setdefault(victim.tenant, []).append(victim)
+        cycle.victim_pool[job.gpu_type] = pool_now
+        cycle.victims_by_tenant[job.gpu_type] = by_tenant
+    eligible = candidates(
+        cycle.book,
+        job,
+        cycle.victim_pool[job.gpu_type],
+        cycle.stopping,
+        cycle.now,
+        cycle.config,
+        cycle.victims_by_tenant[job.gpu_type],
+    )
     first = next(eligible, None)
     if first is None:
         return None

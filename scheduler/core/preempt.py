@@ -82,10 +82,22 @@ def preemptible_now(victims: Iterable[RunningJob], now: float, config: Scheduler
 
 
 def candidates(
-    book: QuotaBook, job: PendingJob, pool: list[RunningJob], stopping: set[str], now: float, config: SchedulerConfig
+    book: QuotaBook,
+    job: PendingJob,
+    pool: list[RunningJob],
+    stopping: set[str],
+    now: float,
+    config: SchedulerConfig,
+    by_tenant: dict[str, list[RunningJob]] | None = None,
 ) -> Iterator[tuple[RunningJob, str]]:
-    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), in the pool's order."""
+    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), in the pool's order.
+
+    ``by_tenant`` (the same pool grouped by tenant) lets a job that may only preempt for
+    priority look at its own tenant's jobs alone.
+    """
     preemptor = _Preemptor(job, book, now, config)
+    if by_tenant is not None and not preemptor.within_nominal and not preemptor.long_waited:
+        pool = by_tenant.get(job.tenant, [])
     for victim in pool:
         if victim.id in stopping:
             continue
