@@ -1,6 +1,7 @@
 """The policies a simulation can compare, all with the production core's shape ``(snapshot, now) -> Decisions``.
 
-``ours`` is ``scheduler.core.run_cycle`` itself, called unchanged; the baselines live in
+``ours`` is the production core itself, called unchanged (``scheduler.core.Scheduler``, kept across
+cycles as the placement service keeps it); the baselines live in
 this package and share only :mod:`simulator.policies.placement` among themselves.
 """
 
@@ -41,7 +42,7 @@ class PolicySpec:
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
-        PolicySpec("ours", "production core (scheduler.core.run_cycle), unchanged", _ours, needs_checkpoints=True),
+        PolicySpec("ours", "production core (scheduler.core.Scheduler), unchanged", _ours, needs_checkpoints=True),
         PolicySpec("fifo", "FIFO per GPU type, head-of-line blocking", Fifo),
         PolicySpec("priority", "strict priority, no preemption", StrictPriority),
         PolicySpec("multifactor", "Slurm-style multifactor priority + EASY backfill", MultifactorEasy),
