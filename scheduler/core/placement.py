@@ -125,19 +125,27 @@ def best_fit_node(ws: Workspace, pool: Pool, job_id: str, count: int, respect: R
     return None
 
 
+def gang_reach(upper: tuple[str, ...], job: PendingJob) -> tuple[int, bool] | None:
+    """How far up a gang may go: the highest level index whose domains may hold it, and whether it
+    may span the whole pool when none does ("any", or a preferred level); None when it never can."""
+    if job.topology_level != "any" and job.topology_required:
+        cap = level_index(upper, job.topology_level)
+        if cap is None or cap < 0:
+            return None
+        return cap, False
+    return len(upper) - 1, True
+
+
 def gang_nodes(ws: Workspace, pool: Pool, job: PendingJob, respect: Respect) -> list[NodeState] | None:
     """Wholly free full-size nodes for a gang, in the fewest domains (see the module docstring)."""
     if pool.big <= 0:
         return None
     need = math.ceil(job.gpu_count / pool.big)
     levels = len(ws.upper)
-    top = levels - 1
-    spanning = True
-    if job.topology_level not in ("any",) and job.topology_required:
-        cap = level_index(ws.upper, job.topology_level)
-        if cap is None or cap < 0:
-            return None
-        top, spanning = cap, False
+    reach = gang_reach(ws.upper, job)
+    if reach is None:
+        return None
+    top, spanning = reach
     blocked = _blocked_whole(ws, pool, job, respect)
     if pool.whole_total - blocked.get(-1, {}).get((), 0) < need:
         return None

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from scheduler.core.order import aged_priority, victim_cost_key, waited_s
-from scheduler.core.placement import Respect, could_fit, level_index, place
+from scheduler.core.placement import Respect, could_fit, gang_reach, place
 from scheduler.core.quota import QuotaBook
 from scheduler.core.state import DomainKey, NodeState, Pool, Workspace
 from scheduler.core.types import Member, PendingJob, RunningJob, SchedulerConfig
@@ -134,13 +134,10 @@ def _fits_if_all_released(ws: Workspace, pool: Pool, job: PendingJob, eligible: 
     if pool.big <= 0:
         return False
     need = math.ceil(job.gpu_count / pool.big)
-    levels = len(ws.upper)
-    top, spanning = levels - 1, True
-    if job.topology_level != "any" and job.topology_required:
-        cap = level_index(ws.upper, job.topology_level)
-        if cap is None or cap < 0:
-            return False
-        top, spanning = cap, False
+    reach = gang_reach(ws.upper, job)
+    if reach is None:
+        return False
+    top, spanning = reach
     extra: list[dict[DomainKey, int]] = [{} for _ in range(top + 1)]
     extra_total = 0
     for node_id, freed in released.items():

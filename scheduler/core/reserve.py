@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from scheduler.core.placement import level_index
+from scheduler.core.placement import gang_reach
 from scheduler.core.state import DomainKey, Hold, NodeState, Pool, Workspace
 from scheduler.core.types import PendingJob
 
@@ -54,12 +54,10 @@ def plan_reservation(ws: Workspace, pool: Pool, job: PendingJob, excluded: set[i
     if need <= 0:
         return None
     levels = len(ws.upper)
-    top, spanning = levels - 1, True
-    if job.topology_level != "any" and job.topology_required:
-        cap = level_index(ws.upper, job.topology_level)
-        if cap is None or cap < 0:
-            return None
-        top, spanning = cap, False
+    reach = gang_reach(ws.upper, job)
+    if reach is None:
+        return None
+    top, spanning = reach
     groups: dict[tuple[int, DomainKey], list[tuple[float, int]]] = {}
     for node in candidates:
         if node.size != pool.big:
