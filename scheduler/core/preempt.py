@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 
 from scheduler.core.order import aged_priority, victim_cost_key, waited_s
 from scheduler.core.placement import Respect, could_fit, gang_reach, place
@@ -92,12 +93,20 @@ def candidates(
 ) -> Iterator[tuple[RunningJob, str]]:
     """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), in the pool's order.
 
-    ``by_tenant`` (the same pool grouped by tenant) lets a job that may only preempt for
-    priority look at its own tenant's jobs alone.
+    ``by_tenant`` (the same pool grouped by tenant) narrows the walk to the jobs that can pass:
+    a job that may only preempt for priority looks at its own tenant's jobs alone; with quotas
+    on, another tenant's job is a victim only while that tenant borrows the type.
     """
     preemptor = _Preemptor(job, book, now, config)
-    if by_tenant is not None and not preemptor.within_nominal and not preemptor.long_waited:
-        pool = by_tenant.get(job.tenant, [])
+    if by_tenant is not None:
+        if not preemptor.within_nominal and not preemptor.long_waited:
+            pool = by_tenant.get(job.tenant, [])
+        elif book.enabled:
+            pool = list(
+                chain.from_iterable(
+                    victims for tenant, victims in by_tenant.items() if tenant == job.tenant or book.borrowing(tenant, job.gpu_type)
+                )
+            )
     for victim in pool:
         if victim.id in stopping:
             continue
