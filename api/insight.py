@@ -3,7 +3,7 @@
 The same views feed ``/v1/fleet``, ``/v1/queue``, ``/v1/tenants``, ``/metrics`` and the
 dashboard, so that they always agree. Queue-wait estimates (R7.2) come from
 ``simulator.estimate``: a forward simulation of the current queue with the production
-core (``run_cycle``) and expected run times learned per tenant and job name.
+core (one ``Scheduler`` across the forward steps) and expected run times learned per tenant and job name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairgang.settings import Settings
-from scheduler.core import Snapshot, run_cycle
+from scheduler.core import Scheduler, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
 from scheduler.service import build_snapshot
@@ -104,7 +104,8 @@ async def queue_view(db: Database, settings: Settings, *, now: float | None = No
     learned = learned_runtimes(await repo.finished_runtimes(db))
     snapshot = with_expected_runtimes(snapshot, names, learned)
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
-    estimates = queue_estimates(snapshot, now, run_cycle, step_s=ESTIMATE_STEP_S, max_steps=ESTIMATE_MAX_STEPS)
+    # One Scheduler across the forward steps: each step changes a few jobs, not the fleet.
+    estimates = queue_estimates(snapshot, now, Scheduler().run_cycle, step_s=ESTIMATE_STEP_S, max_steps=ESTIMATE_MAX_STEPS)
     view = QueueView(
         position=position,
         estimated_start={e.job_id: max(e.start_at, now) for e in estimates if e.start_at is not None},
