@@ -198,21 +198,7 @@ def _apply(world: World, snapshot: Snapshot, decisions: object) -> None:
     for bind in decisions.binds:
         job = by_id[bind.job_id]
         world.pending.pop(job.id)
-        _start(
-            world,
-            RunningJob(
-                id=job.id,
-                tenant=job.tenant,
-                attempt=job.attempt,
-                gpu_type=job.gpu_type,
-                gpu_count=job.gpu_count,
-                priority=job.priority,
-                members=bind.members,
-                started_at=world.now,
-                expected_end=world.now + job.max_runtime_s,
-                preemptible=job.preemptible,
-            ),
-        )
+        _start(world, RunningJob.started(job, bind.members, world.now))
     for preempt in decisions.preemptions:
         if preempt.job_id in world.running:
             _end(world, preempt.job_id)

@@ -119,18 +119,7 @@ def estimate_starts(
                 free[m.node_id].difference_update(m.gpu_indices)
                 stale.add(m.node_id)
             run = job.expected_runtime_s if job.expected_runtime_s is not None else job.max_runtime_s
-            running[job.id] = RunningJob(
-                id=job.id,
-                tenant=job.tenant,
-                attempt=job.attempt,
-                gpu_type=job.gpu_type,
-                gpu_count=job.gpu_count,
-                priority=job.priority,
-                members=b.members,
-                started_at=t,
-                expected_end=t + run,
-                preemptible=job.preemptible,
-            )
+            running[job.id] = RunningJob.started(job, b.members, t, run)
             heapq.heappush(ends, (t + run, job.id, job.attempt))
         if want <= starts.keys() or not pending:
             break

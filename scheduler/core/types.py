@@ -108,6 +108,22 @@ class RunningJob:
     last_checkpoint_at: float | None = None
     preemptible: bool = True
 
+    @classmethod
+    def started(cls, job: PendingJob, members: tuple[Member, ...], at: float, runtime_s: float | None = None) -> RunningJob:
+        """``job`` bound to ``members`` and started at ``at``, expected to run ``runtime_s`` (default: its limit)."""
+        return cls(
+            id=job.id,
+            tenant=job.tenant,
+            attempt=job.attempt,
+            gpu_type=job.gpu_type,
+            gpu_count=job.gpu_count,
+            priority=job.priority,
+            members=members,
+            started_at=at,
+            expected_end=at + (job.max_runtime_s if runtime_s is None else runtime_s),
+            preemptible=job.preemptible,
+        )
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:

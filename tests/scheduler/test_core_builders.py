@@ -195,18 +195,7 @@ class Sim:
         for b in decisions.binds:
             p = self.pending.pop(b.job_id)
             self.started.setdefault(b.job_id, self.now)
-            self.running[b.job_id] = RunningJob(
-                id=p.id,
-                tenant=p.tenant,
-                attempt=p.attempt,
-                gpu_type=p.gpu_type,
-                gpu_count=p.gpu_count,
-                priority=p.priority,
-                members=b.members,
-                started_at=self.now,
-                expected_end=self.now + p.max_runtime_s,
-                preemptible=p.preemptible,
-            )
+            self.running[b.job_id] = RunningJob.started(p, b.members, self.now)
         for pre in decisions.preemptions:
             victim = self.running.pop(pre.job_id, None)
             if victim is not None:

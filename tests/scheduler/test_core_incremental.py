@@ -49,18 +49,7 @@ def _advance(draw: Draw, snapshot: Snapshot, decisions: Decisions, now: float, s
         waiting = pending.pop(bind.job_id)
         for member in bind.members:
             free[member.node_id].difference_update(member.gpu_indices)
-        running[waiting.id] = RunningJob(
-            id=waiting.id,
-            tenant=waiting.tenant,
-            attempt=waiting.attempt,
-            gpu_type=waiting.gpu_type,
-            gpu_count=waiting.gpu_count,
-            priority=waiting.priority,
-            members=bind.members,
-            started_at=now,
-            expected_end=now + waiting.max_runtime_s,
-            preemptible=waiting.preemptible,
-        )
+        running[waiting.id] = RunningJob.started(waiting, bind.members, now)
     for job_id in sorted(running):
         if draw(st.integers(0, 3)) == 0:
             for member in running.pop(job_id).members:

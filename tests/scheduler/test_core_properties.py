@@ -207,21 +207,7 @@ def test_invariants_hold_across_cycles_with_fed_back_reservations(snapshot: Snap
     now = 10 * H
     first = run_cycle(snapshot, now)
     pending = {p.id: p for p in snapshot.pending}
-    started = [
-        RunningJob(
-            id=b.job_id,
-            tenant=pending[b.job_id].tenant,
-            attempt=1,
-            gpu_type=pending[b.job_id].gpu_type,
-            gpu_count=pending[b.job_id].gpu_count,
-            priority=pending[b.job_id].priority,
-            members=b.members,
-            started_at=now,
-            expected_end=now + pending[b.job_id].max_runtime_s,
-            preemptible=pending[b.job_id].preemptible,
-        )
-        for b in first.binds
-    ]
+    started = [RunningJob.started(pending[b.job_id], b.members, now) for b in first.binds]
     used = {(m.node_id, g) for b in first.binds for m in b.members for g in m.gpu_indices}
     nodes = tuple(replace(n, free=frozenset(g for g in n.free if (n.id, g) not in used)) for n in snapshot.nodes)
     bound = {b.job_id for b in first.binds}
