@@ -24,7 +24,7 @@ from itertools import chain
 
 from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
-from scheduler.core.preempt import Plan, candidates, plan_preemption, preemptible_now
+from scheduler.core.preempt import Plan, candidates, only_own_tenant, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook, usage_of
 from scheduler.core.reserve import plan_reservation
 from scheduler.core.state import Pool, Workspace
@@ -77,7 +77,10 @@ class Cycle:
     #: Shape -> smallest GPU count that did not fit even ignoring reservations. Free GPUs
     #: only shrink during phase 4, so every later job of that shape and at least that size fails too.
     no_fit_from: dict[tuple[str, int, bool], int] = field(default_factory=dict)
-    never: dict[tuple[str, int, str, bool], str | None] = field(default_factory=dict)
+    #: Per job shape (GPU type, count, topology level, required): what admission derives from the shape alone.
+    shapes: dict[tuple[str, int, str, bool], ShapeInfo] = field(default_factory=dict)
+    #: (GPU type, tenant) -> the lowest priority among its jobs that may be victims this cycle (built on first need).
+    own_lowest: dict[tuple[str, str], int] = field(default_factory=dict)
     quota_texts: dict[tuple[str, str, int], str] = field(default_factory=dict)
 
 
@@ -293,21 +296,20 @@ def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
 def admit(cycle: Cycle, job: PendingJob) -> None:
     """Phase 4 for one job: bind it, plan a preemption for it, reserve for it, or say why it waits."""
     ws = cycle.ws
-    pool = ws.pools.get(job.gpu_type)
     shape = (job.gpu_type, job.gpu_count, job.topology_level, job.topology_required)
-    if shape not in cycle.never:
-        cycle.never[shape] = never_fits(ws, pool, job, pool is not None)
-    never = cycle.never[shape]
-    if never is not None or pool is None:
-        cycle.reasons[job.id] = never or f"node shape can never fit: no {job.gpu_type} node"
+    info = cycle.shapes.get(shape)
+    if info is None:
+        info = cycle.shapes[shape] = _shape_info(ws, job)
+    never, pool, cache_key, no_fit_text = info
+    if pool is None:
+        cycle.reasons[job.id] = never
         return
     if not cycle.config.backfill and job.gpu_type in cycle.easy:
         cycle.reasons[job.id] = f"reserved behind job {cycle.easy[job.gpu_type][0].id} (backfill is off)"
         return
     end = cycle.now + job.max_runtime_s
     entitled = cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count)
-    cache_key = _fit_key(ws.upper, pool, job)
-    hopeless = job.gpu_count >= cycle.no_fit_from.get(cache_key, 1 << 62)
+    hopeless = job.gpu_count >= cycle.no_fit_from.get(cache_key, _NEVER_FAILED)
     if entitled and not hopeless:
         members = place(ws, pool, job, end)
         if members is not None:
@@ -317,7 +319,7 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
     if not fits and not hopeless:
         cycle.no_fit_from[cache_key] = job.gpu_count
     if not entitled:
-        cycle.reasons[job.id] = no_fit_reason(job, pool) if not fits else _over_quota(cycle, job)
+        cycle.reasons[job.id] = no_fit_text if not fits else _over_quota(cycle, job)
         return
     if fits:
         ignoring = place(ws, pool, job, None)
@@ -329,9 +331,24 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
         commit_plan(cycle, job, plan)
         return
     cycle.blocked.setdefault(job.gpu_type, []).append(job)
-    cycle.reasons[job.id] = no_fit_reason(job, pool)
+    cycle.reasons[job.id] = no_fit_text
     if job.gpu_type not in cycle.easy:
         reserve(cycle, pool, job)
+
+
+#: Larger than any GPU count: no job of the key has failed to fit yet.
+_NEVER_FAILED = 1 << 62
+
+#: Per job shape, for one cycle: why it can never fit (when its pool is None), its pool, its no-fit key, its no-fit reason.
+ShapeInfo = tuple[str, Pool | None, tuple[str, int, bool], str]
+
+
+def _shape_info(ws: Workspace, job: PendingJob) -> ShapeInfo:
+    pool = ws.pools.get(job.gpu_type)
+    never = never_fits(ws, pool, job, pool is not None)
+    if never is not None or pool is None:
+        return never or f"node shape can never fit: no {job.gpu_type} node", None, (job.gpu_type, 0, False), ""
+    return "", pool, _fit_key(ws.upper, pool, job), no_fit_reason(job, pool)
 
 
 def _over_quota(cycle: Cycle, job: PendingJob) -> str:
@@ -396,6 +413,13 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
             by_tenant.setdefault(victim.tenant, []).append(victim)
         cycle.victim_pool[job.gpu_type] = pool_now
         cycle.victims_by_tenant[job.gpu_type] = by_tenant
+        for tenant, victims in by_tenant.items():
+            cycle.own_lowest[(job.gpu_type, tenant)] = min(v.priority for v in victims)
+    if only_own_tenant(cycle.book, job, cycle.now, cycle.config):
+        # It may preempt only its own tenant's lower-priority jobs: none at all means no plan (and no plan counted).
+        lowest = cycle.own_lowest.get((job.gpu_type, job.tenant))
+        if lowest is None or lowest >= job.priority:
+            return None
     eligible = candidates(
         cycle.book,
         job,

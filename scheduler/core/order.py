@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from scheduler.core.quota import QuotaBook
 from scheduler.core.types import PendingJob, Reservation, RunningJob, SchedulerConfig
@@ -28,6 +28,18 @@ def aged_priority(job: PendingJob, now: float, config: SchedulerConfig) -> float
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
     """A tenant's own queue: 1. higher aged priority, 2. waited longer, 3. queued earlier, 4. job id."""
     return (-aged_priority(job, now, config), -waited_s(job, now), job.queued_at, job.id)
+
+
+def within_tenant_keys(now: float, config: SchedulerConfig) -> Callable[[PendingJob], tuple[float, float, float, str]]:
+    """:func:`within_tenant_key` at ``now``, the same values computed inline (it runs for every queued job in every cycle)."""
+    aging = config.aging_per_hour
+
+    def key(job: PendingJob) -> tuple[float, float, float, str]:
+        since = job.submitted_at if job.submitted_at is not None else job.queued_at
+        waited = max(0.0, now - since)
+        return (-(job.priority + aging * waited / 3600.0), -waited, job.queued_at, job.id)
+
+    return key
 
 
 def standing_key(reservation: Reservation) -> tuple[float, str]:
@@ -92,8 +104,9 @@ class FairQueue:
         self._queues: dict[str, list[PendingJob]] = {}
         self._next: dict[str, int] = {}
         self._heap: list[tuple[tuple[float, str], str]] = []
+        key = within_tenant_keys(now, config)
         for tenant in sorted(by_tenant):
-            self._queues[tenant] = sorted(by_tenant[tenant], key=lambda j: within_tenant_key(j, now, config))
+            self._queues[tenant] = sorted(by_tenant[tenant], key=key)
             self._next[tenant] = 0
             self._heap.append((tenant_key(self._share(tenant), tenant), tenant))
         heapq.heapify(self._heap)
@@ -107,10 +120,19 @@ class FairQueue:
         return cached[1]
 
     def __iter__(self) -> Iterator[PendingJob]:
-        while self._heap:
-            _, tenant = heapq.heappop(self._heap)
-            queue, index = self._queues[tenant], self._next[tenant]
-            self._next[tenant] = index + 1
-            yield queue[index]
-            if index + 1 < len(queue):
-                heapq.heappush(self._heap, (tenant_key(self._share(tenant), tenant), tenant))
+        heap, queues = self._heap, self._queues
+        while heap:
+            _, tenant = heapq.heappop(heap)
+            queue, index = queues[tenant], self._next[tenant]
+            state = self._book.tenant(tenant)
+            # While the tenant's usage stays as it was, its key does too, and it was the smallest
+            # (keys are unique by tenant name): it would be popped again at once, so go on without the heap.
+            version = state.version
+            while True:
+                yield queue[index]
+                index += 1
+                if index == len(queue) or state.version != version:
+                    break
+            self._next[tenant] = index
+            if index < len(queue):
+                heapq.heappush(heap, (tenant_key(self._share(tenant), tenant), tenant))

@@ -71,6 +71,12 @@ class _Preemptor:
         return None
 
 
+def only_own_tenant(book: QuotaBook, job: PendingJob, now: float, config: SchedulerConfig) -> bool:
+    """True when ``job`` may preempt only its own tenant's jobs of a lower priority class (reason 1):
+    it is not within its nominal quota and has not waited ``max_wait_s``."""
+    return not book.within_nominal(job.tenant, job.gpu_type, job.gpu_count) and waited_s(job, now) < config.max_wait_s
+
+
 def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: QuotaBook) -> bool:
     return book.enabled and victim.tenant != job.tenant and reason in ("reclaim", "max_wait")
 

@@ -151,24 +151,35 @@ class QuotaBook:
         """Would ``gpus`` more of ``gpu_type`` for ``name`` stay within quota (rules 1 and 2)?"""
         if not self.enabled:
             return True
-        tenant = self.tenant(name)
-        quota = self.quota(name, gpu_type)
+        # Called for every queued job in every cycle: the helpers are written out here.
+        tenant = self._tenants.get(name) or self.tenant(name)
+        quota = tenant.quotas.get(gpu_type)
+        cohort = tenant.cohort
+        if quota is None:
+            quota = _NO_QUOTA if cohort is None else _BORROW_ONLY
+        nominal = quota.nominal
         before = tenant.used.get(gpu_type, 0)
         after = before + gpus
-        if after <= quota.nominal:
+        if after <= nominal:
             return True
-        if tenant.cohort is None:
+        if cohort is None:
             return False
-        if quota.borrow_limit is not None and after > quota.nominal + quota.borrow_limit:
+        if quota.borrow_limit is not None and after > nominal + quota.borrow_limit:
             return False
-        borrowed, lendable = self._cohort_totals(tenant.cohort, gpu_type)
-        borrowed += _borrowed(quota, after) - _borrowed(quota, before)
-        lendable += _lendable(quota, after) - _lendable(quota, before)
+        totals = self._cohorts.get((cohort, gpu_type)) or self._cohort_totals(cohort, gpu_type)
+        # after > nominal: everything above the nominal is borrowed.
+        borrowed = totals[0] + (after - nominal) - (before - nominal if before > nominal else 0)
+        lendable = totals[1] + _lendable(quota, after) - _lendable(quota, before)
         return borrowed <= lendable
 
     def within_nominal(self, name: str, gpu_type: str, gpus: int) -> bool:
         """Would the tenant stay inside its guarantee? (What entitles it to reclaim.)"""
-        return self.enabled and self.used(name, gpu_type) + gpus <= self.quota(name, gpu_type).nominal
+        if not self.enabled:
+            return False
+        tenant = self._tenants.get(name) or self.tenant(name)
+        quota = tenant.quotas.get(gpu_type)
+        nominal = quota.nominal if quota is not None else 0
+        return tenant.used.get(gpu_type, 0) + gpus <= nominal
 
     def borrowing(self, name: str, gpu_type: str, minus: int = 0) -> bool:
         """Does the tenant use more than its nominal (after giving back ``minus``)?"""
