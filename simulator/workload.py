@@ -127,6 +127,19 @@ def _pick_type(rng: random.Random, choices: Sequence[tuple[str, int]]) -> str:
     return choices[-1][0]
 
 
+def _favourite_types(names: Sequence[str], weights: dict[str, float], caps: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """Each team's preferred GPU type: heaviest team first, to the type whose preferring teams weigh
+    least for its capacity (ties: the larger type, then its name)."""
+    held = {t: 0.0 for t, _ in caps}
+    cap = dict(caps)
+    out = {}
+    for name in sorted(names, key=lambda n: (-weights[n], n)):
+        best = min(cap, key=lambda t: ((held[t] + weights[name]) / cap[t], -cap[t], t))
+        out[name] = best
+        held[best] += weights[name]
+    return out
+
+
 def _checkpoint_interval(rng: random.Random, duration_s: float) -> float:
     if duration_s < 1800:
         return math.inf
@@ -225,6 +238,10 @@ def synthetic_workload(
     50 teams with log-normal weights; 40 % sweeps of 15-60 min and 60 % runs of 1-48 h
     (log-uniform); gang sizes from :data:`SYNTH_SIZES`; a team prefers one GPU type (70 %)
     and otherwise draws by capacity; priorities and checkpoints by the Philly rules.
+    Preferred types are dealt so that each type's preferring teams weigh in proportion to
+    its capacity (:func:`_favourite_types`), so every type sees about the target load, as a
+    fleet sized to its teams' demand does: no type is overloaded while the fleet as a whole
+    is at the target.
     Arrivals are Poisson with a daily cycle (peak 1.5 x mean), at the rate that gives the
     target load, capped so the peak stays within ``peak_per_hour``.
     """
@@ -234,7 +251,7 @@ def synthetic_workload(
     sizes = fleet.node_size()
     eligible = _Eligible(fleet)
     caps = list(fleet.capacity().items())
-    favourite = {n: _pick_type(rng, caps) for n in names}
+    favourite = _favourite_types(names, weights, caps)
     shapes: list[tuple[str, str, int, float]] = []
     cum_weights = list(itertools.accumulate(weights[n] for n in names))
     for _ in range(jobs):

@@ -81,3 +81,16 @@ def test_unconfigured_tenants_get_quotas_in_proportion_to_their_weight():
     nominal = {t.name: sum(q.nominal for _, q in t.quotas) for t in tenants}
     assert nominal[heaviest.name] > nominal[lightest.name]
     assert sum(nominal.values()) <= spec.total_gpus()
+
+
+def test_every_gpu_type_of_a_synthetic_workload_sees_about_the_target_load():
+    """A fleet at load 0.7 must not hide one type at more than 1 (its queue would grow without bound)."""
+    fleet = spec_fleet()
+    wl = synthetic_workload(fleet, seed=0, load=0.7, jobs=20000)
+    span = wl.jobs[-1].submit_s - wl.jobs[0].submit_s
+    demand: dict[str, float] = {}
+    for j in wl.jobs:
+        demand[j.gpu_type] = demand.get(j.gpu_type, 0.0) + j.gpu_count * j.duration_s
+    per_type = {t: demand.get(t, 0.0) / span / c for t, c in fleet.capacity().items()}
+    assert offered_load(wl, fleet.total_gpus()) == pytest.approx(0.7, abs=0.05)
+    assert all(0.55 <= load <= 0.85 for load in per_type.values()), per_type
