@@ -1,10 +1,12 @@
 """The launch activity: run one gang member's process on this node (SPEC R5.1).
 
-It runs as an async activity on the node's task queue. The process gets its own
-process group; on cancellation (preempt, cancel, max runtime, a failed gang member)
+It runs as an async activity on the node's task queue. The process runs under a small
+supervisor (``worker_agent/shim.py``) in a process group of its own; on cancellation (preempt, cancel, max runtime, a failed gang member)
 the whole group gets SIGTERM, the activity keeps heartbeating through the grace period,
 then SIGKILLs what is left. The workflow waits for that cancellation to complete, so the
-GPUs are released only after the processes are gone.
+GPUs are released only after the processes are gone. When the agent itself dies, the shim
+does the same stop on its own, so a member that ignores SIGTERM still ends one grace
+period later.
 
 Checkpoints: the job writes the path of its newest checkpoint into ``CHECKPOINT_DIR/LATEST``
 (see :func:`read_latest_marker`); rank 0's activity watches that marker and reports each
@@ -22,6 +24,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +148,11 @@ class LaunchActivities:
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
         container = f"fg-{inp.allocation_id}-r{inp.rank}" if self.runtime != "process" else ""
         argv, env = self._command(inp, ckpt, container)
+        # Local processes run under the shim (worker_agent/shim.py), which SIGKILLs the member one grace
+        # period after SIGTERM even when this agent is gone; it tells us through a pipe how the start went.
+        status_r, status_w = os.pipe() if self.runtime == "process" else (-1, -1)
+        if status_w >= 0:
+            argv = [*shim_argv(inp.grace_period_s, status_w), *argv]
         with open(path, "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -156,10 +164,14 @@ class LaunchActivities:
                     env=env,
                     start_new_session=True,
                     preexec_fn=_term_with_agent,
+                    pass_fds=(status_w,) if status_w >= 0 else (),
                 )
             except OSError as err:
                 out.write(f"fairgang: could not start {argv[0]!r}: {err}\n".encode())
+                _close(status_r)
                 return LaunchResult(exit_code=127, how="start_failed", error=str(err))
+            finally:
+                _close(status_w)
         member = RunningMember(
             inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, self.runtime, container, proc
         )
@@ -167,7 +179,19 @@ class LaunchActivities:
         self.running[inp.allocation_id] = member
         self._save_state(member)
         try:
-            await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=proc.pid))
+            job_pid = proc.pid
+            if status_r >= 0:
+                try:
+                    status = await asyncio.to_thread(_read_status, status_r)
+                except asyncio.CancelledError:
+                    await stop_member(member, heartbeat=activity.heartbeat)
+                    raise
+                if not status.startswith("ok "):
+                    await proc.wait()
+                    error = status.removeprefix("error ").strip() or f"the member's supervisor ended with {proc.returncode}"
+                    return LaunchResult(exit_code=127, how="start_failed", error=error)
+                job_pid = int(status.split()[1])
+            await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=job_pid))
             return await self._watch(member, inp, ckpt)
         finally:
             self.running.pop(inp.allocation_id, None)
@@ -284,11 +308,40 @@ class LaunchActivities:
             os.killpg(member.pid, signal.SIGKILL)
 
 
+SHIM = Path(__file__).resolve().parents[1] / "worker_agent" / "shim.py"
+
+
+def shim_argv(grace_s: float, status_fd: int) -> list[str]:
+    """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it)."""
+    opts = ["--grace", repr(float(grace_s)), "--parent", str(os.getpid()), "--status-fd", str(status_fd)]
+    return [sys.executable, "-I", str(SHIM), *opts, "--"]
+
+
+def _read_status(fd: int) -> str:
+    """The shim's one line (``ok <pid>`` or ``error <why>``); empty when it died first."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _term_with_agent() -> None:
     """In the child: SIGTERM it when the agent dies, so that a member never outlives its activity.
 
-    The member then checkpoints within its grace period; an agent that comes back SIGKILLs
-    whatever is left (see :meth:`LaunchActivities.stop_orphan`).
+    A local process's child is the shim, which replaces this with its own signal and then stops
+    the member itself (SIGTERM, grace, SIGKILL; see ``worker_agent/shim.py``); a container CLI
+    passes the SIGTERM on. An agent that comes back SIGKILLs whatever is left (see
+    :meth:`LaunchActivities.stop_orphan`).
     """
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 

@@ -212,8 +212,12 @@ class TrainingJobWorkflow:
                 return await self._finish(
                     "FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
                 )
-            # The lost member's agent stops its processes when it loses the control plane; wait out
-            # their grace period too, so that no attempt ever runs twice at the same time.
+            # The lost member's stop began before the loss was noticed here: a dead agent's shim SIGTERMs
+            # the member at once and SIGKILLs it one grace period later (worker_agent/shim.py), and the
+            # heartbeat timeout only fires after the agent's last heartbeat. (An agent that is alive but cut
+            # off stops its members after FAIRGANG_SELF_FENCE_AFTER_S, or when the store's live allocations
+            # no longer hold them; this wait does not cover that case.) So after the grace period (plus the
+            # backoff) a dead agent's member is gone before the next attempt is queued.
             await workflow.sleep(job.grace_period_s + job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
             await self._requeue(result.reason)
 

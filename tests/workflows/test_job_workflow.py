@@ -7,6 +7,7 @@ so these tests drive the workflow's message handling and retry rules directly.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -40,11 +41,14 @@ class FakeNode:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.calls: list[LaunchInput] = []
+        #: When each launch came (monotonic).
+        self.times: list[float] = []
         self.release = asyncio.Event()
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
         self.calls.append(inp)
+        self.times.append(time.monotonic())
         if self.mode == "crash":
             raise ApplicationError("simulated infrastructure failure")
         started = MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=0)
@@ -136,7 +140,7 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
     node = FakeNode("crash")
     workers: list[Worker] = []
     await _platform(env.client, store, node, workers)
-    settings = Settings(database_url=store.url, node_stale_after_s=1e13, infra_retry_limit=2, infra_retry_backoff_s=0.5)
+    settings = Settings(database_url=store.url, node_stale_after_s=1e13, infra_retry_limit=2, infra_retry_backoff_s=1.0)
     service = PlacementService(settings, store, env.client, holder="t")
 
     async def schedule_forever() -> None:
@@ -155,6 +159,9 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
             assert outcome.state == "FAILED"
             assert "gave up after 3 infrastructure failures" in outcome.reason
             assert len(node.calls) == 3 and [c.attempt for c in node.calls] == [1, 2, 3]
+            # Before each new attempt: the grace period (1 s), then a backoff that doubles (1 s, then 2 s).
+            first_gap, second_gap = node.times[1] - node.times[0], node.times[2] - node.times[1]
+            assert first_gap >= 1.0 + 1.0 and second_gap >= 1.0 + 2.0, (first_gap, second_gap)
             job = await repo.get_job(store, job_id)
             assert job is not None and job.state == "FAILED" and job.end_reason == outcome.reason
             assert await repo.live_allocation_gpus(store) == []

@@ -1,0 +1,107 @@
+"""The member supervisor: a small process between the agent and each member's process (process runtime).
+
+``python -m worker_agent.shim --grace S --parent PID --status-fd FD -- ARGV...``
+
+The agent starts it as the leader of a new process group; the shim starts ARGV in that same
+group, so everything the member starts is in it too. It exists so that a member's stop ends
+in SIGKILL even when the agent cannot send it:
+
+* The agent stops a member by sending SIGTERM to the whole group; the shim gets it too and,
+  if the group is still there ``S`` seconds later, SIGKILLs it (the agent does the same).
+* When the agent dies (kill -9, crash), the kernel sends the shim ``SIGUSR1``
+  (``PR_SET_PDEATHSIG``). The shim then sends SIGTERM to the group itself and SIGKILLs it
+  after ``S`` seconds. So a member that ignores SIGTERM still ends one grace period after its
+  agent died, and the workflow, which waits longer than that before it queues the job again,
+  never runs two attempts at once.
+* If the shim itself dies, the member gets SIGKILL (its own ``PR_SET_PDEATHSIG``).
+
+It tells the agent through ``FD`` either ``ok <pid>`` (the member's pid) or ``error <why>`` (the
+member could not start; exit status 127). Its exit status is the member's (a member killed by
+a signal makes the shim die of that signal). It imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+#: The signal the kernel sends the shim when the agent dies.
+AGENT_DIED = signal.SIGUSR1
+POLL_S = 0.05
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def _kill_with_shim() -> None:
+    """In the member: SIGKILL it if the shim dies."""
+    _prctl_pdeathsig(signal.SIGKILL)
+
+
+def _die_like(code: int) -> int:
+    """Exit as the member did: with its status, or of its signal."""
+    if code >= 0:
+        return code
+    sig = -code
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1.0)
+    return 128 + sig
+
+
+def main(args: list[str]) -> int:
+    sep = args.index("--")
+    opts, argv = dict(zip(args[:sep:2], args[1:sep:2], strict=True)), args[sep + 1 :]
+    grace, parent, status_fd = float(opts["--grace"]), int(opts["--parent"]), int(opts["--status-fd"])
+    group = os.getpgid(0)
+    stop_at: float | None = None
+
+    def on_term(_sig: int, _frame: object) -> None:
+        # The agent (or this shim, below) sent the whole group SIGTERM: the grace period starts.
+        nonlocal stop_at
+        if stop_at is None:
+            stop_at = time.monotonic() + grace
+
+    def on_agent_died(_sig: int, _frame: object) -> None:
+        on_term(_sig, _frame)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(AGENT_DIED, on_agent_died)
+    _prctl_pdeathsig(AGENT_DIED)
+    try:
+        proc = subprocess.Popen(argv, preexec_fn=_kill_with_shim)  # the shim has one thread: preexec_fn is safe
+    except OSError as err:
+        print(f"fairgang: could not start {argv[0]!r}: {err}", flush=True)
+        os.write(status_fd, f"error {err}\n".encode())
+        os.close(status_fd)
+        return 127
+    os.write(status_fd, f"ok {proc.pid}\n".encode())
+    os.close(status_fd)
+    if os.getppid() != parent:  # the agent died before the shim could hear of it
+        on_agent_died(AGENT_DIED, None)
+    while True:
+        try:
+            code = proc.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if stop_at is not None and time.monotonic() >= stop_at:
+            os.killpg(group, signal.SIGKILL)  # the shim goes too
+    if stop_at is not None and os.getppid() != parent:
+        # Stopped on its own, without its agent: nothing of the member may outlive the grace period.
+        os.killpg(group, signal.SIGKILL)
+    return _die_like(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
