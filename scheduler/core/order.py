@@ -103,12 +103,13 @@ class FairQueue:
             by_tenant.setdefault(job.tenant, []).append(job)
         self._queues: dict[str, list[PendingJob]] = {}
         self._next: dict[str, int] = {}
-        self._heap: list[tuple[tuple[float, str], str]] = []
+        #: (key, tenant, the tenant's usage version the key was computed at)
+        self._heap: list[tuple[tuple[float, str], str, int]] = []
         key = within_tenant_keys(now, config)
         for tenant in sorted(by_tenant):
             self._queues[tenant] = sorted(by_tenant[tenant], key=key)
             self._next[tenant] = 0
-            self._heap.append((tenant_key(self._share(tenant), tenant), tenant))
+            self._heap.append(self._entry(tenant))
         heapq.heapify(self._heap)
 
     def _share(self, tenant: str) -> float:
@@ -119,15 +120,19 @@ class FairQueue:
             self._shares[tenant] = cached
         return cached[1]
 
+    def _entry(self, tenant: str) -> tuple[tuple[float, str], str, int]:
+        return (tenant_key(self._share(tenant), tenant), tenant, self._book.tenant(tenant).version)
+
     def __iter__(self) -> Iterator[PendingJob]:
         heap, queues = self._heap, self._queues
         while heap:
-            _, tenant = heapq.heappop(heap)
+            _, tenant, version = heapq.heappop(heap)
             queue, index = queues[tenant], self._next[tenant]
             state = self._book.tenant(tenant)
-            # While the tenant's usage stays as it was, its key does too, and it was the smallest
-            # (keys are unique by tenant name): it would be popped again at once, so go on without the heap.
-            version = state.version
+            # While the tenant's usage is as it was when its key was computed, the key stands, and it was
+            # the smallest (keys are unique by tenant name): it would be popped again at once, so go on
+            # without the heap. (Its usage may have changed since, before the queue was walked: then
+            # it gets one job, as every popped tenant does, and goes back with its key as it is now.)
             while True:
                 yield queue[index]
                 index += 1
@@ -135,4 +140,4 @@ class FairQueue:
                     break
             self._next[tenant] = index
             if index < len(queue):
-                heapq.heappush(heap, (tenant_key(self._share(tenant), tenant), tenant))
+                heapq.heappush(heap, self._entry(tenant))
