@@ -185,22 +185,41 @@ def dev(
         platform.stop()
 
 
+def _demo_jobs(cluster: Any, jobs_dir: Path = Path("examples/jobs")) -> list[tuple[Path, dict[str, Any], str | None]]:
+    """The example jobs the demo submits: (file, request body, its tenant's token, or None for an unknown tenant)."""
+    tokens = {t.name: t.tokens[0] for t in cluster.tenants if t.tokens}
+    jobs: list[tuple[Path, dict[str, Any], str | None]] = []
+    for path in sorted(jobs_dir.glob("*.yaml")):
+        spec = load_spec_text(path.read_text())
+        tenant = spec.tenant or next(iter(tokens), "")
+        jobs.append((path, spec.model_dump(mode="json", exclude_none=True), tokens.get(tenant)))
+    return jobs
+
+
 def _demo(platform: Any, cluster: Any) -> None:
-    """Submit the example jobs (one per tenant file) and follow them to the end."""
+    """Submit the example jobs (one per tenant file) and follow them to the end.
+
+    An example the platform refuses is a broken demo: it is reported and ``fairgang dev`` exits 1.
+    """
     api_url = platform.settings.api_url
     tokens = {t.name: t.tokens[0] for t in cluster.tenants if t.tokens}
     submitted: list[tuple[str, str]] = []
-    for path in sorted(Path("examples/jobs").glob("*.yaml")):
-        spec = load_spec_text(path.read_text())
-        tenant = spec.tenant or next(iter(tokens))
-        body = spec.model_dump(mode="json", exclude_none=True)
-        resp = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {tokens[tenant]}"}, timeout=30)
+    refused: list[str] = []
+    for path, body, token in _demo_jobs(cluster):
+        if token is None:
+            refused.append(f"{path.name}: no token for tenant '{body.get('tenant')}' in the cluster config")
+            continue
+        resp = httpx.post(f"{api_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         if resp.status_code >= 300:
-            console.print(f"[red]{path.name}[/]: {resp.text}")
+            refused.append(f"{path.name}: {resp.status_code} {resp.text}")
             continue
         job = resp.json()["job"]
-        submitted.append((job["id"], tokens[tenant]))
-        console.print(f"submitted {path.name} as {job['id']} ({tenant})")
+        submitted.append((job["id"], token))
+        console.print(f"submitted {path.name} as {job['id']} ({job['tenant']})")
+    if refused:
+        for line in refused:
+            console.print(f"[red]example job refused[/]: {line}")
+        raise typer.Exit(1)
     admin = (cluster.admin_tokens or [""])[0]
     terminal = {s.value for s in TERMINAL_STATES}
     deadline = time.monotonic() + 600
@@ -228,8 +247,8 @@ def _demo_sweep(api_url: str, tokens: dict[str, str], admin: str) -> None:
     body = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     resp = httpx.post(f"{api_url}/v1/sweeps", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     if resp.status_code >= 300:
-        console.print(f"[red]{path.name}[/]: {resp.text}")
-        return
+        console.print(f"[red]example sweep refused[/]: {path.name}: {resp.status_code} {resp.text}")
+        raise typer.Exit(1)
     sweep = resp.json()["sweep"]
     console.print(f"submitted sweep {path.name} as {sweep['id']} ({sweep['trial_count']} trials, {sweep['max_concurrent']} at once)")
     deadline = time.monotonic() + 600

@@ -110,7 +110,11 @@ class DevPlatform:
         logs = self.data_dir / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            # Each part leads a process group of its own: a Ctrl-C in the terminal reaches only this process, which
+            # then stops the parts in order (Temporal last, so the others can still report to it).
+            proc = subprocess.Popen(
+                argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, process_group=0
+            )
         self.procs[name], self.argvs[name] = proc, argv
         self._write_pids()
 

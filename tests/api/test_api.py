@@ -97,6 +97,7 @@ async def test_tenant_sees_and_acts_on_its_own_jobs_only(api: httpx.AsyncClient)
     assert (await api.get(f"/v1/jobs/{mine['id']}", headers=ALPHA)).status_code == 404
     assert (await api.get(f"/v1/jobs/{mine['id']}/logs", headers=ALPHA)).status_code == 404
     assert (await api.post(f"/v1/jobs/{mine['id']}/cancel", headers=ALPHA)).status_code == 404
+    assert (await api.post(f"/v1/jobs/{mine['id']}/preempt", headers=ALPHA)).status_code == 404
     assert (await api.get("/v1/jobs", headers=ALPHA)).json() == []
     assert (await api.get("/v1/jobs", params={"tenant": "beta"}, headers=ALPHA)).status_code == 403
     assert [j["id"] for j in (await api.get("/v1/jobs", headers=BETA)).json()] == [mine["id"]]
@@ -148,3 +149,29 @@ async def test_queue_lists_jobs_in_fair_order_with_their_reasons(api: httpx.Asyn
     assert all(e["job"]["pending_reason"] == "waiting for placement" for e in everyone)
     mine = (await api.get("/v1/queue", headers=BETA)).json()
     assert [(e["position"], e["job"]["name"]) for e in mine] == [(2, "b1")]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "reason"),
+    [
+        # beta's quotas name only H100-80GB: the fleet has L40S, but beta may not use it.
+        ({"gpu_type": "L40S"}, "gpu_type", "tenant 'beta' may not use L40S"),
+        # Two whole 8-GPU nodes on one leaf: a shape the fleet can hold, but over beta's limit of 8 per job.
+        ({"gpu_count": 16, "topology": {"level": "leaf", "mode": "required"}}, "gpu_count", "limit of 8 GPUs per job"),
+        ({"max_runtime": "3h"}, "max_runtime", "limit of 2h"),
+    ],
+)
+async def test_tenant_policy_refusals_at_submit_name_the_field_and_store_nothing(
+    api: httpx.AsyncClient, seeded: Database, overrides: dict, field: str, reason: str
+) -> None:
+    """Admission against the tenant's own policy, through the API: each refusal names its field and reason."""
+    resp = await api.post("/v1/jobs", json=spec_dict(checkpoint_dir="/ckpt/beta/x", **overrides), headers=BETA)
+    assert resp.status_code == 422, resp.text
+    problems = resp.json()["detail"]["problems"]
+    assert [p["field"] for p in problems] == [field], problems
+    assert reason in problems[0]["reason"], problems
+    assert await repo.list_jobs(seeded) == []
+    # The same spec within beta's policy is admitted: the refusal was the policy, not the spec.
+    within = {"gpu_type": "H100-80GB", "gpu_count": 8, "max_runtime": "1h"}
+    ok = await api.post("/v1/jobs", json=spec_dict(checkpoint_dir="/ckpt/beta/x", **(overrides | {field: within[field]})), headers=BETA)
+    assert ok.status_code == 201, ok.text

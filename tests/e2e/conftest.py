@@ -65,6 +65,9 @@ class Platform:
         self.proc: subprocess.Popen[bytes] | None = None
         #: More environment for `fairgang dev` and its parts (set before start()).
         self.extra_env: dict[str, str] = {}
+        #: Run `fairgang dev` as the leader of a process group of its own (set before start()), so that a
+        #: test can send Ctrl-C to the whole group, as a terminal does.
+        self.own_process_group = False
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.temporal_address = f"127.0.0.1:{self.temporal_port}"
 
@@ -97,7 +100,9 @@ class Platform:
         log = self.data_dir / "dev.log"
         offset = log.stat().st_size if log.exists() else 0
         out = open(log, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=self.own_process_group
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
 
@@ -20,7 +22,11 @@ pytestmark = pytest.mark.e2e
 
 
 def test_job_runs_a_real_process_and_succeeds_with_its_log(platform: Platform) -> None:
-    code = "import os; print('hello from', os.environ['FAIRGANG_JOB_ID'], 'gpus', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['TOKEN'])"
+    code = (
+        "import os, sys\n"
+        "print('hello from', os.environ['FAIRGANG_JOB_ID'], 'gpus', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['TOKEN'])\n"
+        "print('and a warning on stderr', file=sys.stderr)"
+    )
     job = platform.submit(job_spec("hello", code, gpu_count=2, env={"TOKEN": "xyz"}))
     done = platform.wait_for(job["id"], TERMINAL)
     assert done["state"] == "SUCCEEDED", done
@@ -31,7 +37,11 @@ def test_job_runs_a_real_process_and_succeeds_with_its_log(platform: Platform) -
     [member] = done["allocation"]["members"]
     with platform.client("alpha-token") as http:
         log = http.get(f"/v1/jobs/{job['id']}/logs").text
+        assert http.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": 1, "rank": 0}).text == log
     assert f"hello from {job['id']} gpus {','.join(map(str, member['gpu_indices']))} xyz" in log
+    assert "and a warning on stderr" in log  # stdout and stderr both go to the attempt's log
+    # The job's detail lists each attempt's allocation: here one, released at the end.
+    assert [(a["attempt"], a["state"], a["id"]) for a in done["allocations"]] == [(1, "RELEASED", done["allocation"]["id"])]
 
 
 def test_failing_entrypoint_ends_failed_with_its_exit_code(platform: Platform) -> None:
@@ -106,7 +116,7 @@ def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform
 
 def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None:
     spec_file = tmp_path / "job.yaml"
-    spec_file.write_text(json.dumps(job_spec("from-cli", "print('cli ok')")))
+    spec_file.write_text(json.dumps(job_spec("from-cli", "import sys; print('cli ok'); print('cli err', file=sys.stderr)")))
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -118,7 +128,8 @@ def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None
     assert job["state"] == "SUCCEEDED"
     listed = json.loads(cli("jobs", "-o", "json").stdout)
     assert job["id"] in [j["id"] for j in listed]
-    assert "cli ok" in cli("logs", job["id"]).stdout
+    shown = cli("logs", job["id"], "--attempt", "1")
+    assert shown.returncode == 0 and "cli ok" in shown.stdout and "cli err" in shown.stdout, shown
     table = cli("job", job["id"]).stdout
     assert "SUCCEEDED" in table and "PLACED" in table
     assert "h1" in cli("fleet").stdout
@@ -128,19 +139,119 @@ def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None
     assert refused.returncode == 1 and "checkpoint_dir" in refused.stderr
 
 
-def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: Any) -> None:
+def _cli(platform: Platform, *args: str, token: str = "alpha-token") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": token}
+    return subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:
+    deadline = time.monotonic() + 30
+    while not (p.job(job_id).get("pending_reason") or "").startswith(prefix):
+        assert time.monotonic() < deadline, p.job(job_id)
+        time.sleep(0.2)
+
+
+def test_cli_cancels_a_queued_job_which_is_then_never_bound(platform: Platform) -> None:
+    """`fairgang cancel ID` of a job whose workflow waits for placement: it ends at once, and the GPUs it waited for go elsewhere."""
+    blocker = platform.submit(job_spec("l40s-holder", "import time; time.sleep(600)", gpu_type="L40S", gpu_count=4))
+    platform.wait_for(blocker["id"], {"RUNNING"})
+    waiter = platform.submit(job_spec("l40s-waiter", "print('must not run')", gpu_type="L40S", gpu_count=4))
+    _wait_pending(platform, waiter["id"], "no L40S node")
+    cancelled = _cli(platform, "cancel", waiter["id"])
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancel requested" in cancelled.stdout
+    done = platform.wait_for(waiter["id"], TERMINAL, timeout=60)
+    assert done["state"] == "CANCELLED" and "cancelled by tenant alpha" in (done["end_reason"] or ""), done
+    assert [e["kind"] for e in done["events"]] == ["SUBMITTED", "CANCELLED"]
+    assert done["allocation"] is None and done["allocations"] == []
+    # Free the GPUs it waited for: it must not be bound to them (a few placement ticks later).
+    assert _cli(platform, "cancel", blocker["id"]).returncode == 0
+    assert platform.wait_for(blocker["id"], TERMINAL, timeout=60)["state"] == "CANCELLED"
+    time.sleep(3.0)
+    after = platform.job(waiter["id"])
+    assert after["state"] == "CANCELLED" and after["allocations"] == [] and len(after["events"]) == 2, after
+    with platform.client("alpha-token") as http:
+        assert http.get(f"/v1/jobs/{waiter['id']}/logs").text == ""
+
+    async def workflow_status() -> WorkflowExecutionStatus | None:
+        client = await Client.connect(platform.temporal_address)
+        return (await client.get_workflow_handle(waiter["id"]).describe()).status
+
+    assert asyncio.run(workflow_status()) == WorkflowExecutionStatus.COMPLETED  # nothing is left waiting for a placement
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: Any, tmp_path: Path) -> None:
     p: Platform = platform_factory()
     p.start()
     blocker = p.submit(job_spec("blocker", "import time; time.sleep(4)", gpu_type="L40S", gpu_count=4, checkpoint_dir="/ckpt/alpha/b"))
     p.wait_for(blocker["id"], {"RUNNING"})
     waiting = p.submit(job_spec("waiter", "print('finally ran')", gpu_type="L40S", gpu_count=4, checkpoint_dir="/ckpt/alpha/w"))
-    deadline = time.monotonic() + 30
-    while not (p.job(waiting["id"]).get("pending_reason") or "").startswith("no L40S node"):
-        assert time.monotonic() < deadline, p.job(waiting["id"])
-        time.sleep(0.2)
+    _wait_pending(p, waiting["id"], "no L40S node")
     assert p.job(waiting["id"])["state"] == "QUEUED"
     p.kill9()
+    p.own_process_group = True  # from here on a Ctrl-C reaches `fairgang dev` and all its parts, as in a terminal
     p.start()
     done = p.wait_for(waiting["id"], TERMINAL, timeout=120)
     assert done["state"] == "SUCCEEDED", done
     assert p.wait_for(blocker["id"], TERMINAL, timeout=60)["state"] == "SUCCEEDED"
+
+    # Ctrl-C while a job runs: `fairgang dev` stops every part (and the job's process) and exits 0.
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    runner = p.submit(job_spec("runs-at-ctrl-c", code))
+    p.wait_for(runner["id"], {"RUNNING"})
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job_pid = int(pid_file.read_text())
+    parts: dict[str, int] = json.loads((p.data_dir / "pids.json").read_text())
+    assert {"temporal", "api", "worker", "scheduler", "agent-h1", "agent-h2", "agent-g1"} <= set(parts)
+    assert not any(_gone(pid) for pid in [*parts.values(), job_pid])
+    assert p.proc is not None
+    os.killpg(p.proc.pid, signal.SIGINT)
+    assert p.proc.wait(90) == 0, p.logs()
+    left = {name: pid for name, pid in {**parts, "job": job_pid}.items() if not _gone(pid)}
+    assert left == {}, f"still running after Ctrl-C: {left}\n{p.logs()}"
+    assert all(_port_free(port) for port in (p.api_port, p.temporal_port, p.ui_port))
+
+    # A restart on the same data dir still has every earlier job, in the store and in Temporal.
+    p.start()
+    with p.client("admin-token") as http:
+        listed = {j["id"]: j["state"] for j in http.get("/v1/jobs").json()}
+    assert listed[blocker["id"]] == listed[waiting["id"]] == "SUCCEEDED" and runner["id"] in listed, listed
+
+    async def workflows(job_id: str) -> int:
+        client = await Client.connect(p.temporal_address)
+        return (await client.count_workflows(f"WorkflowId = '{job_id}'")).count
+
+    assert asyncio.run(workflows(waiting["id"])) == 1
+    # The job stopped by the Ctrl-C runs again as its next attempt; its detail lists both attempts' allocations.
+    resumed = p.wait_for(runner["id"], {"RUNNING"}, timeout=90)
+    deadline = time.monotonic() + 90
+    while resumed["attempt"] < 2 or resumed["state"] != "RUNNING":
+        assert time.monotonic() < deadline and resumed["state"] not in TERMINAL, resumed
+        time.sleep(0.25)
+        resumed = p.job(runner["id"])
+    allocs = resumed["allocations"]
+    assert allocs[0]["attempt"] == 1 and all(a["state"] == "RELEASED" for a in allocs[:-1]), allocs
+    assert allocs[-1]["attempt"] == resumed["attempt"] and allocs[-1]["state"] != "RELEASED" and resumed["allocation"] == allocs[-1]
+    assert _cli(p, "cancel", runner["id"]).returncode == 0
+    assert p.wait_for(runner["id"], TERMINAL, timeout=90)["state"] == "CANCELLED"

@@ -6,17 +6,24 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from sqlalchemy import update
+from sqlmodel import col
+from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
+from fairgang import temporal
 from fairgang.dev import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings
 from fairgang.spec import JobState
-from scheduler.service import PlacementService
+from scheduler import service as service_module
+from scheduler.service import LEASE_NAME, PlacementService
 from store import repo
 from store.db import Database
+from store.models import Job
 from tests.builders import job_spec
 
 
@@ -131,3 +138,127 @@ async def test_reconciler_resignals_bindings_their_workflow_has_not_acknowledged
     assert alloc.state == "BOUND"
     await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
     assert (await service.cycle(now=now + 20)).resignalled == 0
+
+
+async def _workflow_count(client: Client, job_id: str) -> int:
+    return (await client.count_workflows(f"WorkflowId = '{job_id}'")).count
+
+
+async def test_reconciler_starts_a_missing_workflow_once_and_a_repeated_start_is_a_no_op(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    """A job stored while Temporal was down gets its workflow from the reconciler; starting it again changes nothing."""
+    client = temporal_env.client
+    settings = Settings(database_url=db_url, node_stale_after_s=3600)
+    service = PlacementService(settings, seeded, client, holder="s")
+    job, _ = await repo.create_job(seeded, spec=job_spec(name="orphan"), tenant="alpha")
+    assert not job.workflow_started
+    now = time.time()
+    # Too young: the API may still be starting it.
+    assert (await service.cycle(now=now)).started_workflows == 0
+    assert (await service.cycle(now=now + 10)).started_workflows == 1
+    stored = await repo.get_job(seeded, job.id)
+    assert stored is not None and stored.workflow_started
+    run_id = (await client.get_workflow_handle(job.id).describe()).run_id
+    # The next cycle leaves it alone.
+    assert (await service.cycle(now=now + 20)).started_workflows == 0
+    # A repeated start (the API and the reconciler racing, or the API retrying) returns the same run.
+    again = await temporal.start_job_workflow(client, stored, settings)
+    assert again.result_run_id == run_id
+    # Even when the store forgot that it started (the API died after starting it), the reconciler's repeat is harmless.
+    async with seeded.transaction() as session:
+        await session.execute(update(Job).where(col(Job.id) == job.id).values(workflow_started=False))
+    assert (await service.cycle(now=now + 30)).started_workflows == 1
+    assert (await client.get_workflow_handle(job.id).describe()).run_id == run_id
+    for _ in range(100):
+        if await _workflow_count(client, job.id) >= 1:
+            break
+        await asyncio.sleep(0.1)
+    assert await _workflow_count(client, job.id) == 1
+
+
+async def test_service_wakes_when_capacity_frees_not_only_on_its_tick(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    """Job B waits behind job A on the one L40S node; when A ends, B is bound at once, not on the hour-long tick."""
+    await _register_all(seeded)
+    settings = Settings(database_url=db_url, scheduler_tick_s=3600, scheduler_poll_s=0.05, node_stale_after_s=3600)
+    service = PlacementService(settings, seeded, temporal_env.client, holder="test")
+
+    async def until(check: Any, what: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(service.serve())
+    try:
+        a, _ = await repo.create_job(seeded, spec=job_spec(name="a", gpu_type="L40S", gpu_count=4), tenant="alpha")
+        await repo.mark_queued(seeded, job_id=a.id, attempt=1)
+        await until(lambda: repo.job_allocations(seeded, a.id), "A to be bound")
+        b, _ = await repo.create_job(seeded, spec=job_spec(name="b", gpu_type="L40S", gpu_count=4), tenant="alpha")
+        await repo.mark_queued(seeded, job_id=b.id, attempt=1)
+
+        async def b_waits() -> bool:  # a cycle has seen B and left it waiting, with the reason
+            job = await repo.get_job(seeded, b.id)
+            return job is not None and job.pending_reason not in (None, "waiting for placement", "waiting for its workflow to start")
+
+        await until(b_waits, "B's pending reason")
+        await asyncio.sleep(1.0)  # every wake-up so far has been served: from here only a new change can bind B
+        assert await repo.job_allocations(seeded, b.id) == []
+        await repo.record_transition(seeded, job_id=a.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
+        await until(lambda: repo.job_allocations(seeded, b.id), "B to be bound after A ended (the tick is an hour)")
+        [alloc] = await repo.job_allocations(seeded, b.id)
+        assert alloc.members[0]["node_id"] == "g1" and sorted(alloc.members[0]["gpu_indices"]) == [0, 1, 2, 3]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class _CheckingClient:
+    """A Temporal client stand-in: each placement signal checks that its allocation is already committed."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.signals: list[tuple[str, Any]] = []
+        self.committed_when_signalled: list[bool] = []
+
+    def get_workflow_handle(self, job_id: str) -> Any:
+        outer = self
+
+        class Handle:
+            async def signal(self, name: str, arg: Any) -> None:
+                allocs = await repo.job_allocations(outer.db, job_id)
+                outer.committed_when_signalled.append(any(a.id == arg.allocation_id and a.state == "BOUND" for a in allocs))
+                outer.signals.append((name, arg))
+
+        return Handle()
+
+
+async def test_bindings_are_committed_before_their_signal_and_a_lost_lease_signals_nothing(
+    seeded: Database, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _register_all(seeded)
+    client = _CheckingClient(seeded)
+    service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, client, holder="s")  # type: ignore[arg-type]
+    job, _ = await repo.create_job(seeded, spec=job_spec(name="ordered"), tenant="alpha")
+    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    assert (await service.cycle()).bound == 1
+    assert [name for name, _ in client.signals] == ["place"] and client.committed_when_signalled == [True]
+
+    # Another placement service takes the lease over while this one decides: its commit is refused, so nothing is signalled.
+    other, _ = await repo.create_job(seeded, spec=job_spec(name="fenced"), tenant="alpha")
+    await repo.mark_queued(seeded, job_id=other.id, attempt=1)
+    real_snapshot = service_module.build_snapshot
+
+    async def snapshot_then_lose_the_lease(*args: Any, **kwargs: Any) -> Any:
+        snapshot = await real_snapshot(*args, **kwargs)
+        later = time.time() + 10 * service.lease_ttl_s
+        assert await repo.acquire_lease(seeded, name=LEASE_NAME, holder="usurper", ttl_s=service.lease_ttl_s, now=later) is not None
+        return snapshot
+
+    monkeypatch.setattr(service_module, "build_snapshot", snapshot_then_lose_the_lease)
+    report = await service.cycle()
+    assert not report.leader and report.bound == 0
+    assert len(client.signals) == 1 and await repo.job_allocations(seeded, other.id) == []

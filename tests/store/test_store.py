@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import SQLModel, col
 
 from fairgang.spec import JobState
@@ -269,3 +271,70 @@ async def test_reads_do_not_wait_for_a_writer(seeded: Database) -> None:
     finally:
         release.set()
         await task
+
+
+async def test_change_feed_moves_when_an_allocation_is_released(seeded: Database) -> None:
+    """Freed capacity wakes the placement service: ending a bound job moves the change feed."""
+    job = await _queued_job(seeded, "a")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    await _bind(seeded, job.id, [{"node_id": "g1", "gpu_indices": [0, 1, 2, 3], "rank": 0}], epoch)
+    before = await repo.change_version(seeded)
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
+    assert await repo.change_version(seeded) > before
+
+
+def _event_rows(events: list[JobEvent]) -> list[tuple]:
+    return [(e.id, e.ts, e.attempt, e.kind, e.message, e.data, e.dedupe_key) for e in events]
+
+
+async def test_the_event_log_only_grows_and_the_database_refuses_to_rewrite_it(seeded: Database) -> None:
+    """A job's events through two attempts: each step's log is the previous one plus new rows, never an edit."""
+    job = await _queued_job(seeded, "a")
+    epoch = await repo.acquire_lease(seeded, name="placement", holder="me", ttl_s=1000)
+    assert epoch is not None
+    member = [{"node_id": "h1", "gpu_indices": [0], "rank": 0}]
+    logs = [_event_rows(list(await repo.job_events(seeded, job.id)))]
+
+    async def step() -> None:
+        logs.append(_event_rows(list(await repo.job_events(seeded, job.id))))
+
+    [first] = await _bind(seeded, job.id, member, epoch)
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=first.id)
+    await step()
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.RUNNING, event_key="r-1")
+    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.RUNNING, event_key="r-1")  # a repeat adds nothing
+    await step()
+    await repo.set_latest_checkpoint(seeded, job_id=job.id, checkpoint="/ckpt/alpha/a/step-1")
+    await step()
+    await repo.requeue_job(seeded, job_id=job.id, from_attempt=1, reason="node lost")
+    await step()
+    [second] = await repo.commit_bindings(
+        seeded,
+        bindings=[repo.BindingRow(job_id=job.id, attempt=2, members=member)],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
+    )
+    await repo.record_transition(seeded, job_id=job.id, attempt=2, state=JobState.LAUNCHING, event_key="l-2", allocation_id=second.id)
+    await repo.record_transition(seeded, job_id=job.id, attempt=2, state=JobState.RUNNING, event_key="r-2")
+    await step()
+    await repo.record_transition(seeded, job_id=job.id, attempt=2, state=JobState.SUCCEEDED, event_key="end-2", exit_code=0)
+    await repo.record_transition(seeded, job_id=job.id, attempt=2, state=JobState.FAILED, event_key="late", exit_code=1)  # terminal sticks
+    await step()
+    for before, after in itertools.pairwise(logs):
+        assert len(after) > len(before) and after[: len(before)] == before, (before, after)
+    assert [row[3] for row in logs[-1]] == [
+        *("SUBMITTED", "PLACED", "LAUNCHING", "RUNNING", "CHECKPOINT"),
+        *("REQUEUED", "PLACED", "LAUNCHING", "RUNNING", "SUCCEEDED"),
+    ]
+    assert [row[2] for row in logs[-1]] == [1, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    # The database itself refuses to edit or delete history (migration 0005), on both backends.
+    for statement in (
+        "UPDATE job_event SET kind = 'FAILED' WHERE kind = 'SUCCEEDED'",
+        "DELETE FROM job_event WHERE kind = 'REQUEUED'",
+    ):
+        async with seeded.engine.connect() as conn:
+            with pytest.raises(DBAPIError, match="append-only"):
+                await conn.execute(text(statement))
+    assert _event_rows(list(await repo.job_events(seeded, job.id))) == logs[-1]
