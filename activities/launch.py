@@ -6,7 +6,10 @@ the whole group gets SIGTERM, the activity keeps heartbeating through the grace 
 then SIGKILLs what is left. The workflow waits for that cancellation to complete, so the
 GPUs are released only after the processes are gone. When the agent itself dies, the shim
 does the same stop on its own, so a member that ignores SIGTERM still ends one grace
-period later.
+period later; and each member holds a lease that its agent renews only with heartbeat
+answers that still hold its allocation (:meth:`LaunchActivities.renew`), so a frozen or
+cut-off agent's members stop too (``self_fence_after_s`` after the last such heartbeat was
+sent, then the grace period).
 
 Checkpoints: the job writes the path of its newest checkpoint into ``CHECKPOINT_DIR/LATEST``
 (see :func:`read_latest_marker`); rank 0's activity watches that marker and reports each
@@ -21,6 +24,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -33,6 +37,8 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from worker_agent.shim import lease_clock
+from workflows.job import MEMBER_FENCED
 from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted
 
 HEARTBEAT_EVERY_S = 1.0
@@ -109,8 +115,12 @@ class RunningMember:
     proc: asyncio.subprocess.Process | None = None
     #: The node's GPUs it was given (the agent reports them busy).
     gpu_indices: list[int] = field(default_factory=list)
-    #: When its launch activity began (monotonic): a store answer read before then cannot know of it.
+    #: When its launch activity began (lease_clock()): a store answer read before then cannot know of it.
     launched_at: float = 0.0
+    #: Its lease (lease_clock()): past this without a renewal, its shim stops it and the agent fences it.
+    lease_until: float = float("inf")
+    #: The write end of its shim's keepalive pipe (-1: none).
+    keepalive_fd: int = -1
 
 
 class LaunchActivities:
@@ -125,8 +135,11 @@ class LaunchActivities:
         state_dir: Path | None = None,
         runtime: str = "process",
         gpu_devices: bool = False,
+        lease_s: float | None = None,
     ) -> None:
         self.node_id = node_id
+        #: The member lease (the agent's self_fence_after_s); None: members hold no lease (tests).
+        self.lease_s = lease_s
         #: "process" runs argv here; "podman" or "docker" runs the spec's image with that CLI.
         self.runtime = runtime
         #: Containers: pass the member's GPUs as CDI devices (real GPU nodes only).
@@ -142,7 +155,12 @@ class LaunchActivities:
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
-        launched_at = time.monotonic()
+        launched_at = lease_clock()
+        # The lease starts when the activity started (the store held the allocation then: the workflow revokes
+        # it only after this activity's end), read on this node's clock.
+        started = activity.info().started_time.timestamp()
+        lease_s = math.inf if self.lease_s is None else self.lease_s
+        lease_until = min(launched_at, lease_clock() - max(0.0, time.time() - started)) + lease_s
         path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
@@ -151,8 +169,9 @@ class LaunchActivities:
         # Local processes run under the shim (worker_agent/shim.py), which SIGKILLs the member one grace
         # period after SIGTERM even when this agent is gone; it tells us through a pipe how the start went.
         status_r, status_w = os.pipe() if self.runtime == "process" else (-1, -1)
+        keep_r, keep_w = os.pipe() if status_w >= 0 and self.lease_s is not None else (-1, -1)
         if status_w >= 0:
-            argv = [*shim_argv(inp.grace_period_s, status_w), *argv]
+            argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until), *argv]
         with open(path, "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -164,18 +183,21 @@ class LaunchActivities:
                     env=env,
                     start_new_session=True,
                     preexec_fn=_term_with_agent,
-                    pass_fds=(status_w,) if status_w >= 0 else (),
+                    pass_fds=tuple(fd for fd in (status_w, keep_r) if fd >= 0),
                 )
             except OSError as err:
                 out.write(f"fairgang: could not start {argv[0]!r}: {err}\n".encode())
-                _close(status_r)
+                _close(status_r, keep_w)
                 return LaunchResult(exit_code=127, how="start_failed", error=str(err))
             finally:
-                _close(status_w)
+                _close(status_w, keep_r)
+        if keep_w >= 0:
+            os.set_blocking(keep_w, False)
         member = RunningMember(
             inp.allocation_id, inp.job_id, inp.attempt, inp.rank, proc.pid, inp.grace_period_s, self.runtime, container, proc
         )
         member.gpu_indices, member.launched_at = list(inp.gpu_indices), launched_at
+        member.lease_until, member.keepalive_fd = lease_until, keep_w
         self.running[inp.allocation_id] = member
         self._save_state(member)
         try:
@@ -196,6 +218,8 @@ class LaunchActivities:
         finally:
             self.running.pop(inp.allocation_id, None)
             self._drop_state(member)
+            # A shim whose keepalive pipe closes stops its member at once: nothing runs without its activity.
+            _close(member.keepalive_fd)
 
     def _command(self, inp: LaunchInput, ckpt: Path, container: str) -> tuple[list[str], dict[str, str]]:
         """What to exec, and with which environment, for this node's runtime."""
@@ -242,8 +266,12 @@ class LaunchActivities:
                 except TimeoutError:
                     continue
                 await self._report_checkpoint(inp, ckpt, reported)
-                if inp.allocation_id in self.fenced:
-                    raise ApplicationError("the agent fenced this member (its allocation is no longer held)", non_retryable=True)
+                if inp.allocation_id in self.fenced or (code != 0 and lease_clock() >= member.lease_until):
+                    raise ApplicationError(
+                        "the agent fenced this member (its allocation is no longer held, or its lease ran out)",
+                        type=MEMBER_FENCED,
+                        non_retryable=True,
+                    )
                 return LaunchResult(exit_code=code, how="exited", checkpoint=reported or None)
         except asyncio.CancelledError:
             await stop_member(member, heartbeat=activity.heartbeat)
@@ -262,7 +290,8 @@ class LaunchActivities:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {k: v for k, v in vars(member).items() if k != "proc"} | {"start_time": process_start_time(member.pid)}
+        data = {k: v for k, v in vars(member).items() if k not in ("proc", "keepalive_fd")}
+        data["start_time"] = process_start_time(member.pid)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
@@ -296,6 +325,24 @@ class LaunchActivities:
         await stop_member(member)
         self._drop_state(member)
 
+    def renew(self, live: list[str], asked_at: float) -> None:
+        """A heartbeat sent at ``asked_at`` (lease_clock()) was answered holding ``live``: extend those members' leases."""
+        if self.lease_s is None:
+            return
+        until = asked_at + self.lease_s
+        for allocation_id in live:
+            member = self.running.get(allocation_id)
+            if member is None or until <= member.lease_until or allocation_id in self.fenced:
+                continue
+            member.lease_until = until
+            if member.keepalive_fd >= 0:
+                with contextlib.suppress(OSError):  # a full pipe (the shim is busy) or a shim already gone
+                    os.write(member.keepalive_fd, f"{until:.6f}\n".encode())
+
+    def expired(self, now: float) -> list[RunningMember]:
+        """Members whose lease ran out and that the agent has not fenced yet."""
+        return [m for a, m in sorted(self.running.items()) if m.lease_until <= now and a not in self.fenced]
+
     def kill(self, allocation_id: str) -> None:
         """Fence: SIGKILL the member of an allocation the store no longer holds."""
         member = self.running.get(allocation_id)
@@ -311,9 +358,11 @@ class LaunchActivities:
 SHIM = Path(__file__).resolve().parents[1] / "worker_agent" / "shim.py"
 
 
-def shim_argv(grace_s: float, status_fd: int) -> list[str]:
+def shim_argv(grace_s: float, status_fd: int, keepalive_fd: int = -1, lease_until: float = math.inf) -> list[str]:
     """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it)."""
     opts = ["--grace", repr(float(grace_s)), "--parent", str(os.getpid()), "--status-fd", str(status_fd)]
+    if keepalive_fd >= 0:
+        opts += ["--keepalive-fd", str(keepalive_fd), "--lease-until", f"{lease_until:.6f}"]
     return [sys.executable, "-I", str(SHIM), *opts, "--"]
 
 

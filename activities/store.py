@@ -8,7 +8,7 @@ from temporalio.exceptions import ApplicationError
 from fairgang.spec import JobState
 from store import repo
 from store.db import Database
-from workflows.messages import CheckpointInput, QueuedInput, RequeueInput, TransitionInput
+from workflows.messages import CheckpointInput, QueuedInput, RequeueInput, RevokeInput, TransitionInput
 
 
 class StoreActivities:
@@ -47,9 +47,13 @@ class StoreActivities:
         job = await repo.requeue_job(self.db, job_id=inp.job_id, from_attempt=inp.from_attempt, reason=inp.reason)
         return job.attempt
 
+    @activity.defn(name="revoke_allocation")
+    async def revoke_allocation(self, inp: RevokeInput) -> bool:
+        return await repo.revoke_allocation(self.db, job_id=inp.job_id, allocation_id=inp.allocation_id, reason=inp.reason)
+
     @activity.defn(name="record_checkpoint")
     async def record_checkpoint(self, inp: CheckpointInput) -> None:
         await repo.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt)
 
     def all(self) -> list[object]:
-        return [self.mark_queued, self.record_transition, self.requeue, self.record_checkpoint]
+        return [self.mark_queued, self.record_transition, self.requeue, self.revoke_allocation, self.record_checkpoint]

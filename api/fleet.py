@@ -35,13 +35,19 @@ async def register(state: State, who: Caller, body: NodeRegistration) -> NodeAns
         gpus=body.gpus,
         address=body.address,
     )
-    return NodeAnswer(accepted=True, live_allocations=live)
+    fence = await repo.report_running(state.db, node_id=body.node_id, running=body.running, live=live)
+    return NodeAnswer(accepted=True, live_allocations=live, fence=fence)
 
 
 @router.post("/nodes/{node_id}/heartbeat", response_model=NodeAnswer)
 async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat) -> NodeAnswer:
-    """A heartbeat; refused (accepted=false) for an old boot or a node declared lost."""
+    """A heartbeat; refused (accepted=false) for an old boot or a node declared lost.
+
+    A refused heartbeat holds nothing: everything it reports running is to be killed (a late heartbeat of
+    a node declared lost revives none of its allocations).
+    """
     require_node(who)
     accepted, live = await repo.node_heartbeat(state.db, node_id=node_id, boot_id=body.boot_id)
     faults = await health.apply_reports(state, node_id=node_id, reports=body.gpus) if accepted else {}
-    return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults)
+    fence = await repo.report_running(state.db, node_id=node_id, running=body.running, live=live)
+    return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults, fence=fence)

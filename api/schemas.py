@@ -122,7 +122,7 @@ class NodeRegistration(BaseModel):
     boot_id: str
     gpus: list[dict[str, Any]] = []
     address: str | None = None
-    #: Allocation ids the agent runs members of (reported for the record; fencing uses the answer).
+    #: Allocation ids the agent runs members of; the answer's ``fence`` lists those the store no longer holds.
     running: list[str] = []
 
 
@@ -135,7 +135,10 @@ class NodeHeartbeat(BaseModel):
 
 class NodeAnswer(BaseModel):
     accepted: bool
+    #: The allocations the store holds on the node: the agent renews its members' leases with them.
     live_allocations: list[str]
+    #: Of the reported ``running`` allocations, those the store no longer holds there: the agent kills them.
+    fence: list[str] = []
     #: GPU index -> faults the simulated backend should report (injected by an admin).
     faults: dict[int, list[dict[str, Any]]] = {}
 

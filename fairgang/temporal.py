@@ -39,6 +39,7 @@ def job_input(job: Any, settings: Settings) -> JobInput:
         infra_retry_limit=settings.infra_retry_limit,
         infra_retry_backoff_s=settings.infra_retry_backoff_s,
         launch_start_timeout_s=settings.launch_start_timeout_s,
+        self_fence_after_s=settings.self_fence_after_s,
     )
 
 

@@ -98,7 +98,7 @@ class Allocation(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     job_id: str = Field(foreign_key="job.id", max_length=40)
     attempt: int
-    #: "BOUND" (committed, workflow not told yet), "ACKED", "RELEASED".
+    #: "BOUND" (committed, workflow not told yet), "ACKED", "REVOKED" (GPUs held, agents told it is gone), "RELEASED".
     state: str = Field(default="BOUND", max_length=16)
     #: The placement service's leader epoch that committed it.
     epoch: int = 0

@@ -40,6 +40,9 @@ from store.models import (
 
 TERMINAL = {s.value for s in TERMINAL_STATES}
 LIVE_ALLOCATION_STATES = ("BOUND", "ACKED")
+#: An allocation whose attempt ended without its members' end being confirmed (a lost node): its GPUs stay
+#: held, but agents are told it is no longer held, so they (and their shims) kill what still runs of it.
+REVOKED = "REVOKED"
 
 
 def hash_token(token: str) -> str:
@@ -285,7 +288,7 @@ async def _add_event_once(session: AsyncSession, event: JobEvent) -> bool:
 
 async def _release_live(session: AsyncSession, job_id: str, now: float, *, only: str | None = None) -> list[str]:
     """Release the job's live allocations (all, or just ``only``); returns their ids."""
-    query = select(Allocation).where(col(Allocation.job_id) == job_id, col(Allocation.state).in_(LIVE_ALLOCATION_STATES))
+    query = select(Allocation).where(col(Allocation.job_id) == job_id, col(Allocation.state).in_((*LIVE_ALLOCATION_STATES, REVOKED)))
     if only is not None:
         query = query.where(col(Allocation.id) == only)
     released = []
@@ -456,12 +459,51 @@ async def register_node(
 
 
 async def _live_allocations_on(session: AsyncSession, node_id: str) -> list[str]:
+    """The allocations the store holds on the node (a REVOKED one keeps its GPUs but is not held)."""
     query = (
         select(col(AllocationGpu.allocation_id))
-        .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
+        .join(Allocation, col(Allocation.id) == col(AllocationGpu.allocation_id))
+        .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True, col(Allocation.state) != REVOKED)  # noqa: E712
         .distinct()
     )
     return sorted(r for (r,) in (await session.execute(query)).all())
+
+
+async def revoke_allocation(db: Database, *, job_id: str, allocation_id: str, reason: str, now: float | None = None) -> bool:
+    """Stop holding a live allocation for its agents, keeping its GPUs until it is released (idempotent).
+
+    From then on no heartbeat answer holds it, so its agents stop renewing its members' leases and kill
+    them (see worker_agent/shim.py); the workflow waits out the lease before it queues the job again.
+    Returns True when it was live.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        alloc = await session.get(Allocation, allocation_id)
+        if alloc is None or alloc.job_id != job_id or alloc.state not in LIVE_ALLOCATION_STATES:
+            return False
+        alloc.state = REVOKED
+        session.add(_event(job_id, alloc.attempt, "REVOKED", reason, f"revoke-{allocation_id}", now, allocation_id=allocation_id))
+        return True
+
+
+async def report_running(db: Database, *, node_id: str, running: Sequence[str], live: Sequence[str], now: float | None = None) -> list[str]:
+    """An agent's report of the allocations it runs: returns those the store no longer holds there.
+
+    The agent kills their members; each is logged once per node as a ``FENCED`` event of its job.
+    """
+    stale = sorted(set(running) - set(live))
+    if not stale:
+        return []
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        for allocation_id in stale:
+            alloc = await session.get(Allocation, allocation_id)
+            if alloc is None:
+                continue
+            message = f"node {node_id} still ran allocation {allocation_id} ({alloc.state.lower()}): its agent kills it"
+            key = f"fenced-{allocation_id}-{node_id}"[:160]
+            await _add_event_once(session, _event(alloc.job_id, alloc.attempt, "FENCED", message, key, now, allocation_id=allocation_id))
+    return stale
 
 
 async def node_heartbeat(db: Database, *, node_id: str, boot_id: str, now: float | None = None) -> tuple[bool, list[str]]:

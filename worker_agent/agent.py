@@ -6,9 +6,16 @@ node token) and to Temporal through its node task queue ``node-<id>``.
 What a restart does, deliberately: members started by a previous run of the agent lost
 their activity with it, so the new run stops them gracefully (SIGTERM, grace period,
 SIGKILL: they checkpoint) and the workflow queues the job again, resuming from that
-checkpoint. An agent that cannot reach the API for ``self_fence_after_s`` stops its
-members the same way, because the control plane will soon declare the node lost and run
-the job elsewhere.
+checkpoint.
+
+Fencing: each member holds a lease that only a heartbeat answer still holding its allocation
+renews, to the time that heartbeat was sent plus ``self_fence_after_s``; the member's shim
+(worker_agent/shim.py) stops it when the lease runs out, so an agent that is frozen, cut off from
+the API or told the allocation is gone cannot keep it running, and this agent stops it too when it
+can (containers have no shim). The workflow, when it cannot confirm a member's end, revokes the
+allocation and waits out that lease plus the grace period before it moves on. Every register and
+heartbeat also reports what the agent runs; the API answers with those the store no longer holds
+(``fence``), which the agent kills at once.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from temporalio.worker import Worker
 from activities.launch import LaunchActivities, stop_member
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
+from worker_agent.shim import lease_clock
 
 log = logging.getLogger("fairgang.agent")
 
@@ -61,7 +69,15 @@ class NodeAgent:
             state_dir=settings.agent_state_dir / node_id,
             runtime=runtime,
             gpu_devices=gpu_devices,
+            lease_s=settings.self_fence_after_s,
         )
+        if settings.self_fence_after_s < 3 * settings.node_heartbeat_interval_s:
+            log.warning(
+                "FAIRGANG_SELF_FENCE_AFTER_S (%.1fs) is under 3 heartbeat intervals (%.1fs): members may be fenced "
+                "after a single slow heartbeat",
+                settings.self_fence_after_s,
+                settings.node_heartbeat_interval_s,
+            )
         self.registered = False
         self.last_contact = time.monotonic()
         self._background: set[asyncio.Task[None]] = set()
@@ -77,19 +93,26 @@ class NodeAgent:
             "gpus": [g.as_dict() for g in inventory],
             "running": sorted(self.launcher.running),
         }
-        asked_at = time.monotonic()
+        asked_at = lease_clock()
         resp = await self.http.post("/v1/nodes/register", json=body)
         resp.raise_for_status()
-        self.fence(resp.json()["live_allocations"], asked_at)
+        answer = resp.json()
+        self.fence(answer["live_allocations"], asked_at, answer.get("fence", []))
+        self.launcher.renew(answer["live_allocations"], asked_at)
+        self.last_contact = time.monotonic()
         self.registered = True
         log.info("node %s registered (boot %s)", self.node_id, self.boot_id)
 
-    def fence(self, live: list[str], asked_at: float) -> None:
+    def fence(self, live: list[str], asked_at: float, stale: list[str] | None = None) -> None:
         """Kill anything running whose allocation the store no longer holds (invariant 4).
 
-        ``live`` is the store's answer to a request sent at ``asked_at`` (monotonic): members whose
-        launch began after that cannot be in it yet and are left alone.
+        ``live`` is the store's answer to a request sent at ``asked_at`` (lease_clock()): members whose
+        launch began after that cannot be in it yet and are left alone. ``stale`` is the API's own
+        verdict on what the request reported running (the answer's ``fence``).
         """
+        for allocation_id in sorted(set(stale or ()) & set(self.launcher.running)):
+            log.warning("fencing allocation %s: the control plane says the store no longer holds it", allocation_id)
+            self.launcher.kill(allocation_id)
         for allocation_id in sorted(set(self.launcher.running) - set(live)):
             member = self.launcher.running.get(allocation_id)
             if member is None or member.launched_at >= asked_at:
@@ -109,7 +132,7 @@ class NodeAgent:
                     await self.register()
                 busy = frozenset(i for m in self.launcher.running.values() for i in m.gpu_indices)
                 health = self.gpus.health(busy)
-                asked_at = time.monotonic()
+                asked_at = lease_clock()
                 resp = await self.http.post(
                     f"/v1/nodes/{self.node_id}/heartbeat",
                     json={
@@ -124,24 +147,24 @@ class NodeAgent:
                 # Simulated faults the control plane asks for (tests, demos); NVML ignores them.
                 self.gpus.inject({int(i): f for i, f in (answer.get("faults") or {}).items()})
                 if answer["accepted"]:
-                    self.fence(answer["live_allocations"], asked_at)
+                    self.fence(answer["live_allocations"], asked_at, answer.get("fence", []))
+                    self.launcher.renew(answer["live_allocations"], asked_at)
                 else:
+                    # A late heartbeat of a node declared lost renews nothing: what it runs is killed.
                     log.warning("heartbeat refused (node declared lost or restarted): registering again")
+                    self.fence([], asked_at, answer.get("fence", []))
                     self.registered = False
             except (httpx.HTTPError, OSError) as err:
                 log.warning("heartbeat failed: %s", err)
-                self._self_fence()
+            self._self_fence()
             await asyncio.sleep(self.settings.node_heartbeat_interval_s)
 
     def _self_fence(self) -> None:
+        """Stop the members whose lease ran out (their shims do the same; containers have none)."""
         silent = time.monotonic() - self.last_contact
-        if silent < self.settings.self_fence_after_s or not self.launcher.running:
-            return
-        for allocation_id, member in sorted(self.launcher.running.items()):
-            if allocation_id in self.launcher.fenced:
-                continue
-            log.warning("no contact with the control plane for %.0fs: stopping %s", silent, member.job_id)
-            self.launcher.fenced.add(allocation_id)
+        for member in self.launcher.expired(lease_clock()):
+            log.warning("lease of %s ran out (%.0fs since the last answer holding it): stopping it", member.job_id, silent)
+            self.launcher.fenced.add(member.allocation_id)
             self._spawn(stop_member(member))
 
     async def run(self, client: Client) -> None:

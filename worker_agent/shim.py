@@ -1,6 +1,6 @@
 """The member supervisor: a small process between the agent and each member's process (process runtime).
 
-``python -m worker_agent.shim --grace S --parent PID --status-fd FD -- ARGV...``
+``python -m worker_agent.shim --grace S --parent PID --status-fd FD [--keepalive-fd K --lease-until T] -- ARGV...``
 
 The agent starts it as the leader of a new process group; the shim starts ARGV in that same
 group, so everything the member starts is in it too. It exists so that a member's stop ends
@@ -13,6 +13,15 @@ in SIGKILL even when the agent cannot send it:
   after ``S`` seconds. So a member that ignores SIGTERM still ends one grace period after its
   agent died, and the workflow, which waits longer than that before it queues the job again,
   never runs two attempts at once.
+* The member's lease: with ``--keepalive-fd``, the agent writes a new deadline (a :func:`lease_clock`
+  time, one per line) into that pipe each time a heartbeat answer shows the store still holds the
+  member's allocation; the deadline is the time that heartbeat was *sent* plus the agent's
+  ``self_fence_after_s``, and ``T`` is the first one. When the deadline passes with no later one (the
+  agent is frozen, cut off from the API, told the allocation is gone, or hung), or the pipe is closed
+  (the agent died, or its launch activity ended), the shim stops the member the same way: SIGTERM to
+  the group, SIGKILL ``S`` seconds later. So a member is gone ``self_fence_after_s + S`` after the last
+  moment the store held its allocation, which is what the workflow waits for after it revokes an
+  allocation whose members' end it could not confirm (workflows/job.py).
 * If the shim itself dies, the member gets SIGKILL (its own ``PR_SET_PDEATHSIG``).
 
 It tells the agent through ``FD`` either ``ok <pid>`` (the member's pid) or ``error <why>`` (the
@@ -24,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +45,12 @@ PR_SET_PDEATHSIG = 1
 #: The signal the kernel sends the shim when the agent dies.
 AGENT_DIED = signal.SIGUSR1
 POLL_S = 0.05
+
+
+def lease_clock() -> float:
+    """The clock of member leases (agent and shim): it runs through a suspend of the machine, so a lease
+    never outlives one."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def _prctl_pdeathsig(sig: int) -> None:
@@ -61,8 +78,12 @@ def main(args: list[str]) -> int:
     sep = args.index("--")
     opts, argv = dict(zip(args[:sep:2], args[1:sep:2], strict=True)), args[sep + 1 :]
     grace, parent, status_fd = float(opts["--grace"]), int(opts["--parent"]), int(opts["--status-fd"])
+    keepalive = int(opts.get("--keepalive-fd", "-1"))
+    lease_until = float(opts.get("--lease-until", "inf")) if keepalive >= 0 else math.inf
     group = os.getpgid(0)
     stop_at: float | None = None
+    fenced = False
+    pending = b""
 
     def on_term(_sig: int, _frame: object) -> None:
         # The agent (or this shim, below) sent the whole group SIGTERM: the grace period starts.
@@ -71,9 +92,36 @@ def main(args: list[str]) -> int:
             stop_at = time.monotonic() + grace
 
     def on_agent_died(_sig: int, _frame: object) -> None:
+        nonlocal fenced
+        if fenced:
+            return
+        fenced = True
         on_term(_sig, _frame)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGTERM)
+
+    def fence(why: str) -> None:
+        if not fenced:
+            print(f"fairgang: {why}: stopping the member (SIGTERM, then SIGKILL after {grace:g}s)", flush=True)
+            on_agent_died(AGENT_DIED, None)
+
+    def read_keepalive() -> None:
+        nonlocal keepalive, lease_until, pending
+        if not select.select([keepalive], [], [], POLL_S)[0]:
+            return
+        try:
+            chunk = os.read(keepalive, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            os.close(keepalive)
+            keepalive = -1
+            fence("the agent closed the member's keepalive pipe (it died, or its launch activity ended)")
+            return
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                lease_until = max(lease_until, float(line))
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(AGENT_DIED, on_agent_died)
@@ -90,14 +138,21 @@ def main(args: list[str]) -> int:
     if os.getppid() != parent:  # the agent died before the shim could hear of it
         on_agent_died(AGENT_DIED, None)
     while True:
-        try:
-            code = proc.wait(timeout=POLL_S)
+        if keepalive >= 0:
+            read_keepalive()
+            code = proc.poll()
+        else:
+            try:
+                code = proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                code = None
+        if code is not None:
             break
-        except subprocess.TimeoutExpired:
-            pass
+        if not fenced and lease_clock() >= lease_until:
+            fence("no keepalive from the agent before the member's lease ran out")
         if stop_at is not None and time.monotonic() >= stop_at:
             os.killpg(group, signal.SIGKILL)  # the shim goes too
-    if stop_at is not None and os.getppid() != parent:
+    if stop_at is not None and (fenced or os.getppid() != parent):
         # Stopped on its own, without its agent: nothing of the member may outlive the grace period.
         os.killpg(group, signal.SIGKILL)
     return _die_like(code)

@@ -17,6 +17,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import CancelledError as ActivityCancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         PreemptRequest,
         QueuedInput,
         RequeueInput,
+        RevokeInput,
         TransitionInput,
     )
 
@@ -52,6 +54,12 @@ async def _store(activity: str, arg: object) -> object:
 
 
 MASTER_PORT = 29500
+#: Added to the agents' member lease and the grace period before a member whose end is unconfirmed is taken
+#: for dead: the shim's poll interval, the timer's and the node's clocks running apart, the reaping.
+FENCE_MARGIN_S = 2.0
+#: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
+MEMBER_FENCED = "MemberFenced"
+FENCE_PATCH = "fence-unconfirmed-members"
 
 
 def _record_outcome(results: dict[int, LaunchResult | BaseException], rank: int, handle: asyncio.Future[LaunchResult]) -> None:
@@ -65,9 +73,26 @@ def _record_outcome(results: dict[int, LaunchResult | BaseException], rank: int,
 class GangResult:
     """How one attempt's gang ended."""
 
-    kind: str  # "succeeded", "failed", "cancelled", "timed_out", "lost"
+    kind: str  # "succeeded", "failed", "cancelled", "timed_out", "preempted", "lost"
     exit_code: int | None = None
     reason: str = ""
+    #: Ranks whose end no agent confirmed (heartbeat timeout, an agent's error): they may still run.
+    unconfirmed: list[int] = field(default_factory=list)
+
+
+def confirmed_end(result: LaunchResult | BaseException) -> bool:
+    """Whether a member's activity result proves that its processes are gone (or never started)."""
+    if isinstance(result, LaunchResult):
+        return True  # it exited, and the activity saw it
+    if not isinstance(result, ActivityError):
+        return False
+    cause = result.cause
+    if isinstance(cause, ActivityCancelledError):
+        return True  # the agent stopped it (SIGTERM, grace, SIGKILL) before it confirmed the cancellation
+    if isinstance(cause, ApplicationError) and cause.type == MEMBER_FENCED:
+        return True
+    # Never picked up by its node: no process was started.
+    return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 @dataclass
@@ -191,6 +216,10 @@ class TrainingJobWorkflow:
                     continue
                 raise
             result = await self._run_gang(job, placement)
+            # Histories from before the fence rule replay as they ran (they waited the grace period on a loss).
+            fence_rule = workflow.patched(FENCE_PATCH)
+            if fence_rule and result.unconfirmed:
+                await self._fence(job, placement, result)
             if result.kind == "succeeded":
                 return await self._finish("SUCCEEDED", 0, "all members exited 0", "end")
             if result.kind == "cancelled":
@@ -212,14 +241,25 @@ class TrainingJobWorkflow:
                 return await self._finish(
                     "FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
                 )
-            # The lost member's stop began before the loss was noticed here: a dead agent's shim SIGTERMs
-            # the member at once and SIGKILLs it one grace period later (worker_agent/shim.py), and the
-            # heartbeat timeout only fires after the agent's last heartbeat. (An agent that is alive but cut
-            # off stops its members after FAIRGANG_SELF_FENCE_AFTER_S, or when the store's live allocations
-            # no longer hold them; this wait does not cover that case.) So after the grace period (plus the
-            # backoff) a dead agent's member is gone before the next attempt is queued.
-            await workflow.sleep(job.grace_period_s + job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1))
+            # Every member's end is confirmed by now: by its agent, or by the fence wait above.
+            backoff = job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1)
+            await workflow.sleep(backoff if fence_rule else job.grace_period_s + backoff)
             await self._requeue(result.reason)
+
+    async def _fence(self, job: JobInput, placement: Placement, result: GangResult) -> None:
+        """Make sure the members whose end is unconfirmed are dead before the GPUs or the job move on.
+
+        Revoking the allocation makes every heartbeat answer after it leave the allocation out, so no
+        agent renews those members' leases any more; each member's shim SIGTERMs its group when its lease
+        (the send time of the last heartbeat whose answer held the allocation, plus self_fence_after_s)
+        runs out and SIGKILLs it one grace period later, whether its agent is dead, frozen or cut off
+        (worker_agent/shim.py). So the members are gone once the lease, the grace period and a margin have
+        passed since the revocation; the GPUs stay held meanwhile.
+        """
+        ranks = ", ".join(map(str, result.unconfirmed))
+        reason = f"member(s) {ranks} ended unconfirmed ({result.reason}): waiting until they are surely dead"
+        await _store("revoke_allocation", RevokeInput(job_id=job.job_id, allocation_id=placement.allocation_id, reason=reason))
+        await workflow.sleep(job.self_fence_after_s + job.grace_period_s + FENCE_MARGIN_S)
 
     async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
         """Launch one activity per member, watch them, stop all if one fails."""
@@ -298,7 +338,9 @@ class TrainingJobWorkflow:
                 if not handle.done():
                     handle.cancel()
             await asyncio.gather(*handles, return_exceptions=True)
-        return self._judge(results, timed_out=timed_out, stopping=stopping)
+        judged = self._judge(results, timed_out=timed_out, stopping=stopping)
+        judged.unconfirmed = [rank for rank, r in sorted(results.items()) if not confirmed_end(r)]
+        return judged
 
     def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, stopping: bool) -> GangResult:
         """How the attempt ended. What the platform asked for comes first, then what happened."""

@@ -31,6 +31,9 @@ class JobInput:
     attempt: int = 1
     #: A member whose node does not pick it up this long is lost (the node's agent is gone).
     launch_start_timeout_s: float = 60.0
+    #: The agents' member lease (FAIRGANG_SELF_FENCE_AFTER_S): a member whose end is unconfirmed is dead this
+    #: long plus its grace period after its allocation was revoked.
+    self_fence_after_s: float = 20.0
 
 
 @dataclass
@@ -159,6 +162,15 @@ class TransitionInput:
 class RequeueInput:
     job_id: str
     from_attempt: int
+    reason: str
+
+
+@dataclass
+class RevokeInput:
+    """Tell the agents the store no longer holds an allocation (its GPUs stay held until the requeue)."""
+
+    job_id: str
+    allocation_id: str
     reason: str
 
 

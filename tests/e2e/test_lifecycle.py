@@ -403,6 +403,48 @@ def test_losing_one_node_of_a_gang_requeues_the_whole_gang(platform: Platform, t
         wait_for_node(platform, node_id, "READY", schedulable=True)
 
 
+def test_a_frozen_agents_member_is_fenced_by_its_shim_and_its_late_heartbeat_revives_nothing(platform: Platform, tmp_path: Path) -> None:
+    """SIGSTOP of the agent running a member that ignores SIGTERM, longer than the lost-node timeout.
+
+    Nothing can reach the member through its agent: its shim must stop it when its lease runs out (no
+    keepalive), before the workflow, which revokes the allocation and waits out the lease and the grace
+    period, queues the job again. The node is declared LOST; attempt 2 runs elsewhere, never alongside
+    attempt 1. Then SIGCONT: the agent's late heartbeat is refused and revives nothing.
+    """
+    ticks = tmp_path / "ticks"
+    job = platform.submit(timed_training_spec("survives-frozen-agent", ticks, steps=200, every=10, env={"IGNORE_TERM": "1:0"}))
+    running = wait_for_checkpoint(platform, job["id"])
+    frozen_node = running["allocation"]["members"][0]["node_id"]
+    member = int(wait_for_file(tmp_path / "ticks.pid-1-0"))
+    agent = int(json.loads((platform.data_dir / "pids.json").read_text())[f"agent-{frozen_node}"])
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        wait_for_node(platform, frozen_node, "LOST", schedulable=False, timeout=90)
+        deadline = time.monotonic() + 120
+        while (seen := platform.job(job["id"]))["attempt"] < 2 or seen["state"] != "RUNNING":
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.3)
+        # The agent is still frozen: the shim alone stopped attempt 1, which ignored SIGTERM.
+        assert not pid_alive(member), "attempt 1 still runs on the frozen agent's node"
+        assert "no keepalive from the agent" in log_of(platform, job["id"], 1)
+        assert frozen_node not in [m["node_id"] for m in seen["allocation"]["members"]]
+        kinds = [e["kind"] for e in seen["events"]]
+        assert kinds.index("REVOKED") < kinds.index("REQUEUED"), kinds
+        while 2 not in attempt_spans(ticks):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    done = platform.wait_for(job["id"], TERMINAL, timeout=150)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
+    assert resumed_step(log_of(platform, job["id"], 2)) > 0
+    # The late heartbeat revived nothing: attempt 1's allocation stays released, and the node comes back
+    # only by registering again, holding nothing.
+    assert [a["state"] for a in done["allocations"] if a["attempt"] == 1] == ["RELEASED"]
+    assert_attempts_never_overlap(ticks)
+    wait_for_node(platform, frozen_node, "READY", schedulable=True)
+
+
 @pytest.mark.parametrize("part", ["api", "scheduler", "worker", "agent", "temporal"])
 def test_kill_9_of_one_part_loses_no_job(platform: Platform, part: str) -> None:
     running = platform.submit(training_spec(f"kill-{part}-running", steps=140, every=10, gpu_count=8))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from activities.launch import _read_status, _term_with_agent, pid_alive, shim_argv, stop_process_group
+from worker_agent.shim import lease_clock
 
 #: A member that ignores SIGTERM and has a child that exits on SIGTERM (writing a marker first).
 MEMBER = """
@@ -93,7 +94,7 @@ def test_the_agents_stop_reaches_the_group_and_the_member_exit_status_comes_thro
     os.killpg(proc.pid, signal.SIGTERM)  # what the agent's stop sends
     _wait(lambda: (tmp_path / "child.term").exists())
     _wait(lambda: proc.poll() is not None, timeout=30)  # the shim SIGKILLed the group after 1 s
-    assert not pid_alive(member)
+    _wait(lambda: not pid_alive(member), timeout=10)  # the group's SIGKILL may reach the shim first
     for code, expected in (("import sys; sys.exit(5)", 5), ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", -11)):
         proc, status = _start_under_shim([sys.executable, "-c", code], grace=1.0)
         assert status.startswith("ok ") and proc.wait(30) == expected
@@ -119,3 +120,45 @@ async def test_stop_process_group_through_the_shim_waits_the_grace_then_kills(tm
     await stop_process_group(proc, 1.5, heartbeat=lambda: beats.append(time.monotonic()))
     assert time.monotonic() - started >= 1.0 and not pid_alive(member)
     assert (tmp_path / "child.term").exists() and len(beats) >= 2
+
+
+def test_a_live_agent_that_stops_renewing_the_lease_gets_its_member_killed(tmp_path: Path) -> None:
+    """The agent lives on (frozen, or cut off from the control plane) but stops renewing: the shim fences."""
+    lease, grace = 1.0, 1.0
+    status_r, status_w = os.pipe()
+    keep_r, keep_w = os.pipe()
+    argv = [*shim_argv(grace, status_w, keep_r, lease_clock() + lease), sys.executable, "-c", MEMBER, str(tmp_path)]
+    proc = subprocess.Popen(argv, start_new_session=True, pass_fds=(status_w, keep_r), stdout=subprocess.PIPE)
+    os.close(status_w)
+    os.close(keep_r)
+    _groups.append(proc.pid)
+    member = int(_read_status(status_r).split()[1])
+    # Renewed for three leases' time: the member runs on.
+    renewed_until = time.monotonic() + 3 * lease
+    while time.monotonic() < renewed_until:
+        os.write(keep_w, f"{lease_clock() + lease:.6f}\n".encode())
+        assert pid_alive(member) and not (tmp_path / "child.term").exists()
+        time.sleep(lease / 5)
+    # Renewals stop (the pipe stays open: the agent is alive): SIGTERM when the lease runs out, SIGKILL a grace later.
+    stopped_at = time.monotonic()
+    _wait(lambda: (tmp_path / "child.term").exists(), timeout=30)
+    _wait(lambda: proc.poll() is not None, timeout=30)
+    _wait(lambda: not pid_alive(member), timeout=10)  # the group's SIGKILL may reach the shim first
+    assert time.monotonic() - stopped_at >= grace, "killed before the grace period was over"
+    assert proc.stdout is not None and b"no keepalive from the agent" in proc.stdout.read()
+    os.close(keep_w)
+
+
+def test_a_closed_keepalive_pipe_stops_the_member_at_once(tmp_path: Path) -> None:
+    status_r, status_w = os.pipe()
+    keep_r, keep_w = os.pipe()
+    argv = [*shim_argv(1.0, status_w, keep_r, lease_clock() + 3600), sys.executable, "-c", MEMBER, str(tmp_path)]
+    proc = subprocess.Popen(argv, start_new_session=True, pass_fds=(status_w, keep_r))
+    os.close(status_w)
+    os.close(keep_r)
+    _groups.append(proc.pid)
+    member = int(_read_status(status_r).split()[1])
+    _wait(lambda: (tmp_path / "member.pid").exists())
+    os.close(keep_w)  # the launch activity ended (or the agent died) with the member still running
+    _wait(lambda: proc.poll() is not None, timeout=30)
+    _wait(lambda: not pid_alive(member), timeout=10)  # the group's SIGKILL may reach the shim first

@@ -140,7 +140,9 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
     node = FakeNode("crash")
     workers: list[Worker] = []
     await _platform(env.client, store, node, workers)
-    settings = Settings(database_url=store.url, node_stale_after_s=1e13, infra_retry_limit=2, infra_retry_backoff_s=1.0)
+    settings = Settings(
+        database_url=store.url, node_stale_after_s=1e13, infra_retry_limit=2, infra_retry_backoff_s=1.0, self_fence_after_s=1.0
+    )
     service = PlacementService(settings, store, env.client, holder="t")
 
     async def schedule_forever() -> None:
@@ -159,9 +161,13 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
             assert outcome.state == "FAILED"
             assert "gave up after 3 infrastructure failures" in outcome.reason
             assert len(node.calls) == 3 and [c.attempt for c in node.calls] == [1, 2, 3]
-            # Before each new attempt: the grace period (1 s), then a backoff that doubles (1 s, then 2 s).
+            # A crashed launch does not prove its member dead: the allocation is revoked and the workflow waits
+            # out the member lease (1 s), the grace period (1 s) and the margin (2 s), then a backoff that
+            # doubles (1 s, then 2 s), before each new attempt.
             first_gap, second_gap = node.times[1] - node.times[0], node.times[2] - node.times[1]
-            assert first_gap >= 1.0 + 1.0 and second_gap >= 1.0 + 2.0, (first_gap, second_gap)
+            assert first_gap >= 1.0 + 1.0 + 2.0 + 1.0 and second_gap >= 1.0 + 1.0 + 2.0 + 2.0, (first_gap, second_gap)
+            revoked = [e for e in await repo.job_events(store, job_id) if e.kind == "REVOKED"]
+            assert [e.attempt for e in revoked] == [1, 2, 3], revoked
             job = await repo.get_job(store, job_id)
             assert job is not None and job.state == "FAILED" and job.end_reason == outcome.reason
             assert await repo.live_allocation_gpus(store) == []
