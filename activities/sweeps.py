@@ -57,9 +57,25 @@ async def fleet_shape(db: Database) -> FleetShape:
     return FleetShape(shapes=shapes, levels=frozenset(levels))
 
 
-def scheduled_sweep_id(workflow_id: str) -> str:
-    """The sweep id of a scheduled run: derived from its workflow id, so a retry finds the same sweep."""
-    return "sw-" + hashlib.sha256(workflow_id.encode()).hexdigest()[:12]
+def scheduled_sweep_id(workflow_id: str, run_id: str = "") -> str:
+    """The sweep id of a scheduled run: derived from its workflow (id and first run), so a retry finds the same sweep.
+
+    Temporal names a schedule's run after the schedule and the second it started: two actions
+    within one second (triggers, a cancel-previous restart) share a workflow id, not a run id.
+    """
+    return "sw-" + hashlib.sha256(f"{workflow_id}@{run_id}".encode() if run_id else workflow_id.encode()).hexdigest()[:12]
+
+
+def scheduled_run_key(workflow_id: str, run_id: str = "") -> str:
+    """The idempotency key of a scheduled run's sweep; :func:`scheduled_workflow_id` reads the workflow id back."""
+    return f"run:{workflow_id}@{run_id}" if run_id else f"run:{workflow_id}"
+
+
+def scheduled_workflow_id(idempotency_key: str) -> str | None:
+    """The workflow id of a scheduled run's sweep (None for a submitted sweep, whose workflow id is its id)."""
+    if not idempotency_key.startswith("run:"):
+        return None
+    return idempotency_key.removeprefix("run:").split("@", 1)[0]
 
 
 def sweep_summary(sweep: Sweep, trials: list[tuple[Any, Any]], *, cancelled: bool) -> dict[str, Any]:
@@ -114,8 +130,8 @@ class SweepActivities:
     async def _create_scheduled(self, inp: OpenSweepInput) -> Sweep:
         """A scheduled run's sweep, validated again now (the tenant's policy may have changed since)."""
         doc = dict(inp.spec or {}) | {"tenant": inp.tenant}
-        sweep_id = scheduled_sweep_id(inp.workflow_id)
-        key = f"run:{inp.workflow_id}"
+        sweep_id = scheduled_sweep_id(inp.workflow_id, inp.run_id)
+        key = scheduled_run_key(inp.workflow_id, inp.run_id)
         name = str(doc.get("name") or "scheduled")
         try:
             spec = parse_sweep(doc)

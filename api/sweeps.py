@@ -30,7 +30,7 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.sweeps import admission_problems, fleet_shape
+from activities.sweeps import admission_problems, fleet_shape, scheduled_workflow_id
 from api.deps import Caller, State, log, require_user
 from fairgang.settings import CONTROL_TASK_QUEUE
 from fairgang.spec import SpecError, SpecProblem
@@ -234,7 +234,8 @@ async def cancel_sweep(state: State, who: Caller, sweep_id: str) -> SweepPublic:
     if client is None:
         raise HTTPException(503, "the workflow service is unreachable; try again")
     # A scheduled run's workflow id is the schedule's action id plus its time, kept in the sweep's key.
-    workflow_id = sweep.idempotency_key.removeprefix("run:") if sweep.idempotency_key.startswith("run:") else sweep.id
+    # The sweep is not over, so its workflow is the one running under that id.
+    workflow_id = scheduled_workflow_id(sweep.idempotency_key) or sweep.id
     try:
         await client.get_workflow_handle(workflow_id).signal("cancel", SweepCancel(reason=reason))
     except RPCError as err:

@@ -8,16 +8,23 @@ its state; trials still running are then adopted and watched through the store, 
 run cannot await the previous run's child handles. Children are abandoned on close, so a
 trial's job never dies with the sweep's run; cancelling a sweep goes through each job's
 ``cancel`` signal (graceful stop).
+
+A cancel through Temporal (the UI, the CLI, a schedule's ``cancel_previous`` overlap policy) is
+turned into the same graceful cancel. Store activities, a trial's start and the cancel signals
+are shielded from it and run to their end first: a cancel landing while a trial's job is being
+created must not leave that job created but never started (nor a trial never sent its cancel).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError, is_cancelled_exception
 
 from workflows.job import GPU_TYPE, JOB_STATE, STORE_RETRY, TENANT
 
@@ -42,6 +49,9 @@ with workflow.unsafe.imports_passed_through():
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
 #: How long to wait before trying again a trial the tenant's concurrent-job cap held back.
 AT_CAP_RETRY_S = 5.0
+#: Why a sweep cancelled through Temporal (not through the ``cancel`` signal) stopped.
+TEMPORAL_CANCEL = "sweep workflow cancelled through Temporal"
+T = TypeVar("T")
 
 
 async def _store(activity: str, arg: object, result_type: type | None = None) -> object:
@@ -82,19 +92,41 @@ class SweepWorkflow:
             cancelling=p.cancel_reason is not None,
         )
 
+    def _note_temporal_cancel(self) -> None:
+        if self.p is None:
+            self.pending_cancel = self.pending_cancel or TEMPORAL_CANCEL
+        elif self.p.cancel_reason is None:
+            self.p.cancel_reason = TEMPORAL_CANCEL
+
+    async def _through_cancel(self, step: Awaitable[T]) -> T:
+        """Run ``step`` to its end even if the workflow is cancelled through Temporal meanwhile.
+
+        The cancel is then recorded as the sweep's cancel (start no more trials, stop the running
+        ones), instead of cutting short a store write or a trial's start half way.
+        """
+        task = asyncio.ensure_future(step)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._note_temporal_cancel()
+            return await task
+
     @workflow.run
     async def run(self, inp: SweepInput) -> dict[str, object]:
         if inp.progress is None:
-            opened = await _store(
-                "open_sweep",
-                OpenSweepInput(
-                    workflow_id=workflow.info().workflow_id,
-                    tenant=inp.tenant,
-                    sweep_id=inp.sweep_id,
-                    spec=inp.spec,
-                    schedule_id=inp.schedule_id,
-                ),
-                OpenSweepResult,
+            opened = await self._through_cancel(
+                _store(
+                    "open_sweep",
+                    OpenSweepInput(
+                        workflow_id=workflow.info().workflow_id,
+                        run_id=workflow.info().first_execution_run_id,
+                        tenant=inp.tenant,
+                        sweep_id=inp.sweep_id,
+                        spec=inp.spec,
+                        schedule_id=inp.schedule_id,
+                    ),
+                    OpenSweepResult,
+                )
             )
             assert isinstance(opened, OpenSweepResult)
             if opened.state == "FAILED":
@@ -108,13 +140,15 @@ class SweepWorkflow:
             self.p.cancel_reason = self.pending_cancel
         try:
             await self._drive(inp)
-        except asyncio.CancelledError:
-            # Cancelled through Temporal (UI, CLI, or a schedule's cancel-previous overlap policy):
-            # stop the trials gracefully, like a cancel signal, and wait for them.
-            if self.p.cancel_reason is None:
-                self.p.cancel_reason = "sweep workflow cancelled through Temporal"
+        except BaseException as err:
+            if not is_cancelled_exception(err):
+                raise
+            # Cancelled through Temporal while waiting (UI, CLI, or a schedule's cancel-previous
+            # overlap policy): stop the trials gracefully, like a cancel signal, and wait for them.
+            self._note_temporal_cancel()
             await self._drive(inp)
-        summary = await _store("finish_sweep", FinishSweepInput(sweep_id=self.p.sweep_id, cancelled=self.p.cancel_reason is not None))
+        finish = FinishSweepInput(sweep_id=self.p.sweep_id, cancelled=self.p.cancel_reason is not None)
+        summary = await self._through_cancel(_store("finish_sweep", finish))
         await workflow.wait_condition(workflow.all_handlers_finished)
         assert isinstance(summary, dict)
         return summary
@@ -141,7 +175,7 @@ class SweepWorkflow:
                             progress=p,
                         )
                     )
-                if await self._start_trial(p.next_index):
+                if await self._through_cancel(self._start_trial(p.next_index)):
                     started_here += 1
                 continue
             if not p.running and (p.next_index >= p.trial_count or p.cancel_reason is not None):
@@ -172,7 +206,7 @@ class SweepWorkflow:
 
     async def _poll_adopted(self, adopted: list[RunningTrial]) -> None:
         assert self.p is not None
-        answer = await _store("trial_states", TrialStatesInput(job_ids=[t.job_id for t in adopted]), TrialStates)
+        answer = await self._through_cancel(_store("trial_states", TrialStatesInput(job_ids=[t.job_id for t in adopted]), TrialStates))
         assert isinstance(answer, TrialStates)
         ended = {t.index for t in adopted if answer.states.get(t.job_id) in TERMINAL}
         self.done_here |= ended
@@ -232,8 +266,8 @@ class SweepWorkflow:
             handle = self.handles.get(trial.index)
             try:
                 if handle is not None:
-                    await handle.signal("cancel", request)
+                    await self._through_cancel(handle.signal("cancel", request))
                 else:
-                    await workflow.get_external_workflow_handle(trial.job_id).signal("cancel", request)
+                    await self._through_cancel(workflow.get_external_workflow_handle(trial.job_id).signal("cancel", request))
             except Exception as err:  # noqa: BLE001 - a workflow that already ended cannot be signalled: nothing to stop
                 workflow.logger.info("could not signal cancel to %s: %s", trial.job_id, err)

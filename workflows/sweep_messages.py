@@ -59,6 +59,9 @@ class OpenSweepInput:
     sweep_id: str | None = None
     spec: dict[str, Any] | None = None
     schedule_id: str | None = None
+    #: The first run of the workflow's chain: a schedule may start two runs under one workflow id
+    #: (two actions within one second), each its own sweep.
+    run_id: str = ""
 
 
 @dataclass

@@ -112,9 +112,20 @@ GRID_CODE = (
 
 def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: Platform) -> None:
     grid: dict[str, list[Any]] = {"lr": [0.1, 0.01, 0.001], "features": [2, 20]}
-    sweep = submit_sweep(platform, sweep_spec("grid", GRID_CODE, parameters={"grid": grid}, metric={"name": "loss"}))
+    spec = sweep_spec("grid", GRID_CODE, parameters={"grid": grid}, metric={"name": "loss"})
+    sweep = submit_sweep(platform, spec)
     assert sweep["trial_count"] == 6
+
+    def resubmit() -> None:
+        """A retried submission (same spec, so the same idempotency key) is the same sweep, started once."""
+        with platform.client("alpha-token") as http:
+            again = http.post("/v1/sweeps", json=spec)
+        assert again.status_code == 200, again.text
+        assert again.json()["created"] is False and again.json()["sweep"]["id"] == sweep["id"]
+
+    resubmit()
     done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE)
+    resubmit()
     assert done["state"] == "COMPLETED", done
     trials = done["trials"]
     assert [t["params"] for t in trials] == [{"lr": lr, "features": f} for lr in grid["lr"] for f in grid["features"]]
@@ -132,8 +143,9 @@ def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: 
     # |lr * features - 2| is smallest (0) for lr 0.1 x 20 features: trial 1.
     assert summary["best"]["index"] == 1 and summary["best"]["value"] < 1e-9
     assert summary["best"]["params"] == {"lr": 0.1, "features": 20}
-    # Each trial is a child job workflow with the deterministic id, started once.
+    # Each trial is a child workflow of the sweep's workflow, with the deterministic id, started once.
     assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 6
+    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 6
     # Batches of 2 starts (FAIRGANG_SWEEP_BATCH_SIZE in the e2e platform): the sweep continued as new, 3 runs.
     assert count_workflows(platform, f"WorkflowId = '{sweep['id']}' AND WorkflowType = 'Sweep'") == 3
     # Tenant isolation: another tenant sees nothing of it.
@@ -142,7 +154,7 @@ def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: 
         assert http.post(f"/v1/sweeps/{sweep['id']}/cancel").status_code == 404
         assert sweep["id"] not in [s["id"] for s in http.get("/v1/sweeps").json()]
     with platform.client("alpha-token") as http:
-        assert sweep["id"] in [s["id"] for s in http.get("/v1/sweeps").json()]
+        assert [s["id"] for s in http.get("/v1/sweeps").json() if s["name"] == "grid"] == [sweep["id"]]
 
 
 def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform) -> None:
@@ -159,8 +171,30 @@ def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform
             resp = http.post("/v1/sweeps", json=body)
         assert resp.status_code == 422, resp.text
         assert field in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
+    # The spec's tenant: a tenant names only itself, an admin must name a known one (as for jobs).
+    tenant_cases = [
+        ({**good, "tenant": "beta"}, "alpha-token", 403),
+        ({**good, "tenant": "nosuch"}, "admin-token", 422),
+        (good, "admin-token", 422),
+    ]
+    for body, token, status in tenant_cases:
+        with platform.client(token) as http:
+            resp = http.post("/v1/sweeps", json=body)
+        assert resp.status_code == status, resp.text
+        assert [p["field"] for p in resp.json()["detail"]["problems"]] == ["tenant"], resp.text
+    schedule = {"name": "bad", "schedule": {"interval": "1h"}, "sweep": {**good, "tenant": "beta"}}
+    with platform.client("admin-token") as http:
+        resp = http.post("/v1/schedules", json={**schedule, "tenant": "alpha"})
+        assert resp.status_code == 422 and [p["field"] for p in resp.json()["detail"]["problems"]] == ["sweep.tenant"], resp.text
+        assert http.get("/v1/sweeps", params={"tenant": "beta"}).status_code == 200
+    with platform.client("alpha-token") as http:
+        assert http.post("/v1/schedules", json={**schedule, "tenant": "beta"}).status_code == 403
+        resp = http.get("/v1/sweeps", params={"tenant": "beta"})
+        assert resp.status_code == 403 and "tenant" in resp.text, resp.text
+        assert http.get("/v1/sweeps", params={"tenant": "alpha"}).status_code == 200
     with platform.client("alpha-token") as http:
         assert [s for s in http.get("/v1/sweeps").json() if s["name"] == "bad"] == []
+        assert [s for s in http.get("/v1/schedules").json() if s["name"] == "bad"] == []
         resp = http.post("/v1/schedules", json={"name": "bad", "schedule": {"interval": "1s", "cron": "* * * * *"}, "sweep": good})
         assert resp.status_code == 422 and "schedule" in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
 
@@ -184,7 +218,8 @@ def test_cancel_stops_the_running_trials_and_starts_no_more(platform: Platform) 
     assert states == ["CANCELLED", "CANCELLED", "PENDING", "PENDING", "PENDING", "PENDING"], states
     assert (done["summary"]["cancelled"], done["summary"]["not_started"]) == (2, 4)
     with platform.client("alpha-token") as http:
-        assert "got SIGTERM" in http.get(f"/v1/jobs/{done['trials'][0]['job_id']}/logs").text
+        for trial in done["trials"][:2]:
+            assert "got SIGTERM" in http.get(f"/v1/jobs/{trial['job_id']}/logs").text, trial
     time.sleep(2.0)
     assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
 
@@ -192,7 +227,8 @@ def test_cancel_stops_the_running_trials_and_starts_no_more(platform: Platform) 
 def test_worker_killed_mid_sweep_resumes_without_duplicate_trials(platform: Platform) -> None:
     code = "import sys, time; print('trial', sys.argv[1], flush=True); time.sleep(3)"
     sweep = submit_sweep(platform, sweep_spec("survivor", code, parameters={"list": [{"i": i} for i in range(4)]}))
-    wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) >= 1, timeout=60)
+    # Killed mid-sweep: a trial running, and trials still to start.
+    wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) >= 1 and s["counts"].get("PENDING", 0) >= 1, timeout=60)
     worker = json.loads((platform.data_dir / "pids.json").read_text())["worker"]
     os.kill(worker, signal.SIGKILL)
     done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE, timeout=120)
@@ -218,6 +254,7 @@ def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform
         schedule = resp.json()
         sid = schedule["id"]
         assert schedule["interval_s"] == [3.0] and schedule["overlap"] == "buffer_one" and not schedule["paused"]
+        assert schedule["temporal_url"].endswith(f"/namespaces/default/schedules/{sid}"), schedule
 
         def runs() -> list[dict[str, Any]]:
             return list(http.get("/v1/sweeps", params={"schedule_id": sid}).json())
@@ -237,6 +274,8 @@ def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform
         paused_count = len(runs())
         time.sleep(7.0)
         assert len(runs()) == paused_count, "a paused schedule fired"
+        # Each action of the schedule made one sweep.
+        assert http.get(f"/v1/schedules/{sid}").json()["actions_taken"] == paused_count
 
         http.post(f"/v1/schedules/{sid}/trigger")
         deadline = time.monotonic() + 20
@@ -274,6 +313,21 @@ def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Plat
     assert sweep["state"] == "COMPLETED" and sweep["summary"]["succeeded"] == 2
     assert sweep["id"] in [s["id"] for s in json.loads(cli("sweep", "ls", "-o", "json").stdout)]
     assert [t["params"] for t in json.loads(cli("sweep", "show", sweep["id"], "-o", "json").stdout)["trials"]] == [{"n": 1}, {"n": 2}]
+    # An invalid file is refused before anything is sent, naming the field.
+    bad_file = tmp_path / "bad.json"
+    bad_file.write_text(json.dumps({**json.loads(spec_file.read_text()), "name": "bad-cli", "max_concurrent": 0}))
+    refused = cli("sweep", "submit", str(bad_file))
+    assert refused.returncode != 0 and "max_concurrent" in refused.stderr, (refused.stdout, refused.stderr)
+    # `sweep cancel` stops a running sweep.
+    spec_file.write_text(json.dumps(sweep_spec("cli-cancel", SLEEPER, parameters={"list": [{"i": 0}, {"i": 1}, {"i": 2}]})))
+    submitted = cli("sweep", "submit", str(spec_file), "-o", "json")
+    assert submitted.returncode == 0, submitted.stderr
+    doomed = json.loads(submitted.stdout)["sweep"]["id"]
+    wait_sweep(platform, doomed, lambda s: s["counts"].get("RUNNING", 0) >= 1, timeout=60)
+    cancelled = cli("sweep", "cancel", doomed)
+    assert cancelled.returncode == 0 and doomed in cancelled.stdout, cancelled.stderr
+    ended = wait_sweep(platform, doomed, lambda s: s["state"] in SWEEP_DONE, timeout=60)
+    assert ended["state"] == "CANCELLED" and ended["summary"]["not_started"] >= 1, ended
     # A cron schedule created paused never fires by itself; a backfill over the last 3 hours starts its 3 missed hourly runs.
     sched_file = tmp_path / "schedule.json"
     body = {
@@ -297,5 +351,83 @@ def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Plat
             assert time.monotonic() < deadline, runs
             time.sleep(0.5)
         assert len(runs) == 3
+        # `schedule trigger | resume | pause` through the CLI.
+        triggered = cli("schedule", "trigger", sid, "-o", "json")
+        assert triggered.returncode == 0 and json.loads(triggered.stdout)["paused"] is True, triggered.stderr
+        deadline = time.monotonic() + 60
+        while len(http.get("/v1/sweeps", params={"schedule_id": sid}).json()) < 4:
+            assert time.monotonic() < deadline, "trigger did not start a sweep"
+            time.sleep(0.3)
+    resumed = cli("schedule", "resume", sid, "-o", "json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["paused"] is False, resumed.stderr
+    paused = cli("schedule", "pause", sid, "--note", "by the test", "-o", "json")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["paused"] is True and json.loads(paused.stdout)["note"] == "by the test"
     assert cli("schedule", "delete", sid).returncode == 0
     assert sid not in [s["id"] for s in json.loads(cli("schedule", "ls", "-o", "json").stdout)]
+
+
+def test_overlap_skip_skips_runs_and_cancel_previous_cancels_the_running_sweep(platform: Platform) -> None:
+    """Two schedules whose sweep's one trial runs until cancelled, driven by triggers (which follow the
+    schedule's overlap policy): with `skip`, a run due while one is running is skipped (not buffered);
+    with `cancel_previous`, it cancels the running sweep (its trial gets SIGTERM) and then runs."""
+    with platform.client("alpha-token") as http:
+
+        def runs(sid: str) -> list[dict[str, Any]]:
+            return sorted(http.get("/v1/sweeps", params={"schedule_id": sid}).json(), key=lambda s: s["created_at"])
+
+        def until(what: str, predicate: Any, timeout: float = 60.0) -> None:
+            deadline = time.monotonic() + timeout
+            while not predicate():
+                schedules = http.get("/v1/schedules").json()
+                assert time.monotonic() < deadline, f"{what}: {json.dumps(schedules, indent=1)}\n{platform.logs()}"
+                time.sleep(0.3)
+
+        def running_trial(sweep_id: str) -> bool:
+            [trial] = get_sweep(platform, sweep_id)["trials"]
+            return trial["state"] == "RUNNING" and "trial 0" in http.get(f"/v1/jobs/{trial['job_id']}/logs").text
+
+        sleeper = sweep_spec("overlap", SLEEPER, parameters={"list": [{"i": 0}]})
+        # skip: a second run while the first one's trial is running is skipped, not buffered.
+        body = {"name": "skipper", "schedule": {"interval": "1h"}, "overlap": "skip", "paused": True, "sweep": sleeper}
+        resp = http.post("/v1/schedules", json=body)
+        assert resp.status_code == 201, resp.text
+        skipper = resp.json()["id"]
+        assert resp.json()["overlap"] == "skip"
+        http.post(f"/v1/schedules/{skipper}/trigger")
+        until("a first run", lambda: len(runs(skipper)) == 1)
+        first = runs(skipper)[0]
+        until("the first run's trial running", lambda: running_trial(first["id"]))
+        http.post(f"/v1/schedules/{skipper}/trigger")
+        until("a skipped run", lambda: http.get(f"/v1/schedules/{skipper}").json()["skipped_for_overlap"] == 1)
+        assert http.post(f"/v1/sweeps/{first['id']}/cancel").status_code == 200
+        assert wait_sweep(platform, first["id"], lambda s: s["state"] in SWEEP_DONE, timeout=60)["state"] == "CANCELLED"
+        until("the first run closed", lambda: http.get(f"/v1/schedules/{skipper}").json()["running"] == [])
+        assert http.get(f"/v1/schedules/{skipper}").json()["actions_taken"] == 1
+        assert [s["id"] for s in runs(skipper)] == [first["id"]]
+        assert http.delete(f"/v1/schedules/{skipper}").status_code == 204
+
+        # cancel_previous: created paused, driven by triggers.
+        body = {"name": "canceller", "schedule": {"interval": "1h"}, "overlap": "cancel_previous", "paused": True, "sweep": sleeper}
+        resp = http.post("/v1/schedules", json=body)
+        assert resp.status_code == 201, resp.text
+        canceller = resp.json()["id"]
+        assert resp.json()["overlap"] == "cancel_previous"
+        http.post(f"/v1/schedules/{canceller}/trigger")
+        until("a first run", lambda: len(runs(canceller)) == 1)
+        old = runs(canceller)[0]["id"]
+        until("the first run's trial running", lambda: running_trial(old))
+        # Often within the same second as the first: Temporal then gives both runs one workflow id (two sweeps still).
+        http.post(f"/v1/schedules/{canceller}/trigger")
+        ended = wait_sweep(platform, old, lambda s: s["state"] in SWEEP_DONE, timeout=60)
+        assert ended["state"] == "CANCELLED", ended
+        [trial] = ended["trials"]
+        assert trial["state"] == "CANCELLED" and ended["summary"]["cancelled"] == 1, ended
+        assert "got SIGTERM" in http.get(f"/v1/jobs/{trial['job_id']}/logs").text
+        until("the next run", lambda: len(runs(canceller)) == 2)
+        new = runs(canceller)[1]["id"]
+        until("the next run's trial running", lambda: running_trial(new))
+        assert get_sweep(platform, new)["state"] == "RUNNING"
+        assert http.delete(f"/v1/schedules/{canceller}").status_code == 204
+        assert http.post(f"/v1/sweeps/{new}/cancel").status_code == 200
+    assert wait_sweep(platform, new, lambda s: s["state"] in SWEEP_DONE, timeout=60)["state"] == "CANCELLED"

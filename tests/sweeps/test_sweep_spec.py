@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import ScheduleOverlapPolicy
 
-from activities.sweeps import fleet_shape, scheduled_sweep_id, sweep_summary
+from activities.sweeps import fleet_shape, scheduled_run_key, scheduled_sweep_id, scheduled_workflow_id, sweep_summary
+from api.sweeps import OVERLAP
 from fairgang.spec import SpecError
-from fairgang.sweeps import load_schedule_text, load_sweep_text, parse_metrics, parse_schedule, parse_sweep, trial_job_id
+from fairgang.sweeps import OVERLAP_POLICIES, load_schedule_text, load_sweep_text, parse_metrics, parse_schedule, parse_sweep, trial_job_id
 from store.models import Sweep
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,3 +166,32 @@ def test_scheduled_sweep_ids_are_stable_and_short() -> None:
     assert a == scheduled_sweep_id("sched-alpha-nightly-2026-01-01T02:00:00Z") != scheduled_sweep_id("sched-alpha-nightly-x")
     assert len(trial_job_id(a, 9999)) <= 40
     assert callable(fleet_shape)
+
+
+def test_two_runs_under_one_scheduled_workflow_id_are_two_sweeps() -> None:
+    """Temporal names a scheduled run after the second it started: two triggers within one second share it."""
+    wf = "sched-alpha-nightly-2026-01-01T02:00:00Z"
+    first, second = scheduled_sweep_id(wf, "run-1"), scheduled_sweep_id(wf, "run-2")
+    assert first != second and first == scheduled_sweep_id(wf, "run-1")
+    assert scheduled_run_key(wf, "run-1") != scheduled_run_key(wf, "run-2")
+    for key in (scheduled_run_key(wf, "run-1"), scheduled_run_key(wf)):
+        assert scheduled_workflow_id(key) == wf
+    assert scheduled_workflow_id("name:nightly") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "policy"),
+    [
+        ("skip", ScheduleOverlapPolicy.SKIP),
+        ("buffer_one", ScheduleOverlapPolicy.BUFFER_ONE),
+        ("cancel_previous", ScheduleOverlapPolicy.CANCEL_OTHER),
+    ],
+)
+def test_each_overlap_policy_maps_to_its_temporal_policy(name: str, policy: ScheduleOverlapPolicy) -> None:
+    assert OVERLAP[name] == policy
+    assert parse_schedule({"name": "n", "schedule": {"interval": "1h"}, "overlap": name, "sweep": sweep_doc()})[0].overlap == name
+
+
+def test_the_overlap_policies_are_exactly_the_documented_three() -> None:
+    assert set(OVERLAP) == set(OVERLAP_POLICIES) == {"skip", "buffer_one", "cancel_previous"}
+    assert len(set(OVERLAP.values())) == 3

@@ -1,0 +1,273 @@
+"""The sweep workflow's own history, on a real Temporal dev server (issue 7, point 2).
+
+The store activities are replaced by fakes kept in memory and the trials by a stub
+``TrainingJob`` workflow (same name, same ``cancel`` signal), so these tests look only at what
+the ``Sweep`` workflow does: batching with continue-as-new at scale, every trial started once,
+the concurrency cap, and cancellation reaching every trial (adopted ones too, and one whose
+job was being created when the cancel landed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio import activity, workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributeKey
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from fairgang.dev import temporal_binary
+from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES
+from workflows.messages import CancelRequest, JobInput, JobOutcome
+from workflows.sweep import SweepWorkflow
+from workflows.sweep_messages import (
+    FinishSweepInput,
+    OpenSweepInput,
+    OpenSweepResult,
+    SweepCancel,
+    SweepInput,
+    SweepStatus,
+    TrialInput,
+    TrialStart,
+    TrialStates,
+    TrialStatesInput,
+)
+
+SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
+
+#: What the stub trials did, by job id (the worker runs unsandboxed, in this process).
+CANCELLED: dict[str, str] = {}
+
+
+@workflow.defn(name="TrainingJob")
+class StubTrial:
+    """A trial: runs ``hold`` seconds (forever when negative) or until its job's ``cancel`` signal."""
+
+    def __init__(self) -> None:
+        self.cancel_reason: str | None = None
+
+    @workflow.signal
+    def cancel(self, request: CancelRequest) -> None:
+        self.cancel_reason = request.reason
+        CANCELLED[workflow.info().workflow_id] = request.reason
+
+    @workflow.run
+    async def run(self, job: JobInput) -> JobOutcome:
+        hold = float(job.env.get("HOLD", "0"))
+        try:
+            await workflow.wait_condition(lambda: self.cancel_reason is not None, timeout=hold if hold >= 0 else None)
+        except TimeoutError:
+            return JobOutcome(state="SUCCEEDED", attempt=1, exit_code=0)
+        return JobOutcome(state="CANCELLED", attempt=1, reason=self.cancel_reason or "")
+
+
+class FakeStore:
+    """The sweep activities over an in-memory store; ``hold(i)`` says how long trial i runs."""
+
+    def __init__(self, trials: int, cap: int, hold: Any) -> None:
+        self.trials, self.cap, self.hold = trials, cap, hold
+        self.sweep_id = f"sw-{uuid.uuid4().hex[:8]}"
+        self.created: dict[int, int] = {}
+        self.finished: list[FinishSweepInput] = []
+        #: When set, create_trial of this index waits for ``release`` (and says so in ``entered``).
+        self.block_index: int | None = None
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def job_id(self, index: int) -> str:
+        return f"{self.sweep_id}-{index:04d}"
+
+    @activity.defn(name="open_sweep")
+    async def open_sweep(self, inp: OpenSweepInput) -> OpenSweepResult:
+        return OpenSweepResult(sweep_id=self.sweep_id, trial_count=self.trials, max_concurrent=self.cap, state="RUNNING")
+
+    @activity.defn(name="create_trial")
+    async def create_trial(self, inp: TrialInput) -> TrialStart:
+        if inp.index == self.block_index:
+            self.entered.set()
+            await self.release.wait()
+        self.created[inp.index] = self.created.get(inp.index, 0) + 1
+        job_id = self.job_id(inp.index)
+        job = JobInput(
+            job_id=job_id, tenant="alpha", gpu_type="H100-80GB", gpu_count=1, argv=["true"],
+            env={"HOLD": str(self.hold(inp.index))}, checkpoint_dir="/ckpt", max_runtime_s=600, grace_period_s=1,
+        )  # fmt: skip
+        return TrialStart(status="created", job_id=job_id, job=job)
+
+    @activity.defn(name="trial_states")
+    async def trial_states(self, inp: TrialStatesInput) -> TrialStates:
+        states = {}
+        for job_id in inp.job_ids:
+            desc = await activity.client().get_workflow_handle(job_id).describe()
+            states[job_id] = "RUNNING" if desc.status == WorkflowExecutionStatus.RUNNING else "SUCCEEDED"
+        return TrialStates(states=states)
+
+    @activity.defn(name="finish_sweep")
+    async def finish_sweep(self, inp: FinishSweepInput) -> dict[str, Any]:
+        self.finished.append(inp)
+        return {"sweep_id": inp.sweep_id, "state": "CANCELLED" if inp.cancelled else "COMPLETED"}
+
+    def all(self) -> list[Any]:
+        return [self.open_sweep, self.create_trial, self.trial_states, self.finish_sweep]
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), search_attributes=SEARCH)
+    yield environment
+    await environment.shutdown()
+
+
+def _worker(client: Client, fake: FakeStore) -> Worker:
+    return Worker(
+        client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=[SweepWorkflow, StubTrial],
+        activities=fake.all(),
+        workflow_runner=UnsandboxedWorkflowRunner(),
+        max_concurrent_workflow_tasks=50,
+    )
+
+
+async def _start(client: Client, fake: FakeStore, batch_size: int, poll_s: float = 0.3) -> WorkflowHandle[Any, Any]:
+    return await client.start_workflow(
+        "Sweep",
+        SweepInput(tenant="alpha", sweep_id=fake.sweep_id, batch_size=batch_size, poll_s=poll_s),
+        id=fake.sweep_id,
+        task_queue=CONTROL_TASK_QUEUE,
+        execution_timeout=timedelta(minutes=10),
+    )
+
+
+async def _until(predicate: Any, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.1)
+
+
+async def _sweep_runs(client: Client, sweep_id: str) -> list[Any]:
+    """Every run of the sweep workflow (the continue-as-new chain), with its history."""
+    runs = []
+    async for execution in client.list_workflows(f"WorkflowId = '{sweep_id}'"):
+        runs.append(await client.get_workflow_handle(sweep_id, run_id=execution.run_id).fetch_history())
+    return runs
+
+
+async def _children_started(client: Client, sweep_id: str) -> list[str]:
+    """The child workflow ids the sweep's runs started, in order, over the whole chain."""
+    started = []
+    for history in await _sweep_runs(client, sweep_id):
+        for event in history.events:
+            if event.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+                started.append(event.start_child_workflow_execution_initiated_event_attributes.workflow_id)
+    return started
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, delta in points:
+        now += delta
+        most = max(most, now)
+    return most
+
+
+#: 1,000 trials (batches of 100) take a few minutes on a small machine: the suite runs a tenth
+#: of the batches' size by default; FAIRGANG_SWEEP_SCALE_TRIALS=1000 runs the full size.
+SCALE_TRIALS = int(os.environ.get("FAIRGANG_SWEEP_SCALE_TRIALS", "200"))
+
+
+async def test_a_large_sweep_runs_in_batches_each_trial_started_once_under_the_cap(env: WorkflowEnvironment) -> None:
+    trials = SCALE_TRIALS
+    batch, cap = trials // 10, trials // 20
+    fake = FakeStore(trials, cap, hold=lambda i: 0.5 if i % 10 == 0 else 0)  # some trials run on into the next batch
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=batch)
+        result = await asyncio.wait_for(handle.result(), 60 + trials)
+    assert result["state"] == "COMPLETED"
+    assert [f.cancelled for f in fake.finished] == [False]
+    # Each trial's job was created once and its workflow started once, with its own id.
+    assert fake.created == dict.fromkeys(range(trials), 1)
+    started = await _children_started(env.client, fake.sweep_id)
+    assert sorted(started) == [fake.job_id(i) for i in range(trials)]
+    # Continue-as-new after each batch: about ten runs, each history bounded by the batch, not by
+    # the sweep (Temporal's limits are 51,200 events and 50 MB per run; it warns at 10,240 events).
+    runs = await _sweep_runs(env.client, fake.sweep_id)
+    assert 10 <= len(runs) <= 12, len(runs)
+    sizes = [len(history.events) for history in runs]
+    assert max(sizes) < 16 * batch + 200, sizes
+    assert max(len(history.to_json()) for history in runs) < 2_000_000
+    # The cap: never more than `cap` trials open at once.
+    intervals = []
+    async for execution in env.client.list_workflows(f"WorkflowId STARTS_WITH '{fake.sweep_id}-'"):
+        assert execution.status == WorkflowExecutionStatus.COMPLETED
+        assert execution.close_time is not None
+        intervals.append((execution.start_time.timestamp(), execution.close_time.timestamp()))
+    assert len(intervals) == trials
+    assert _max_overlap(intervals) <= cap
+
+
+@pytest.mark.parametrize("how", ["signal", "temporal"])
+async def test_cancel_reaches_the_trials_adopted_after_continue_as_new(env: WorkflowEnvironment, how: str) -> None:
+    """Batches of 2 and a cap of 3: trials 0 and 1 run on in the second run, which only adopted them."""
+    fake = FakeStore(trials=6, cap=3, hold=lambda i: -1)  # every trial runs until cancelled
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=2)
+
+        async def three_running() -> bool:
+            status = await handle.query("status", result_type=SweepStatus)
+            return status.running == [0, 1, 2]
+
+        await _until(three_running)
+        assert len(await _sweep_runs(env.client, fake.sweep_id)) == 2
+        if how == "signal":
+            await handle.signal("cancel", SweepCancel(reason="stop"))
+        else:  # the UI, the CLI, or a schedule's cancel_previous overlap policy
+            await handle.cancel()
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result["state"] == "CANCELLED"
+    assert [f.cancelled for f in fake.finished] == [True]
+    ids = [fake.job_id(i) for i in range(3)]
+    assert sorted(k for k in CANCELLED if k.startswith(fake.sweep_id)) == ids
+    for job_id in ids:
+        outcome = await env.client.get_workflow_handle(job_id, result_type=JobOutcome).result()
+        assert outcome.state == "CANCELLED"
+    assert sorted(fake.created) == [0, 1, 2], "a cancelled sweep started more trials"
+
+
+async def test_a_temporal_cancel_during_create_trial_still_starts_and_cancels_that_trial(env: WorkflowEnvironment) -> None:
+    """The cancel lands while trial 1's job is being created: that job must not be left created but never started."""
+    fake = FakeStore(trials=4, cap=2, hold=lambda i: -1)
+    fake.block_index = 1
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=100)
+        await asyncio.wait_for(fake.entered.wait(), 60)
+
+        async def cancel_seen() -> bool:
+            # The workflow ran a task after the cancel request: it has reacted to it.
+            kinds = [e.event_type for e in (await handle.fetch_history()).events]
+            if EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED not in kinds:
+                return False
+            after = kinds[kinds.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED) :]
+            return EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in after
+
+        await handle.cancel()
+        await _until(cancel_seen)
+        fake.release.set()
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result["state"] == "CANCELLED"
+    # Every trial whose job was created was started, and got its job's cancel signal.
+    assert sorted(fake.created) == [0, 1]
+    for index in fake.created:
+        outcome = await env.client.get_workflow_handle(fake.job_id(index), result_type=JobOutcome).result()
+        assert outcome.state == "CANCELLED"
+        assert fake.job_id(index) in CANCELLED
