@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from temporalio.client import Client
 
 from tests.e2e.conftest import REPO, Platform
+from tests.e2e.test_lifecycle import log_of, resumed_step, wait_for_checkpoint
 
 pytestmark = pytest.mark.e2e
 SWEEP_DONE = {"COMPLETED", "CANCELLED", "FAILED"}
@@ -431,3 +433,98 @@ def test_overlap_skip_skips_runs_and_cancel_previous_cancels_the_running_sweep(p
         assert http.delete(f"/v1/schedules/{canceller}").status_code == 204
         assert http.post(f"/v1/sweeps/{new}/cancel").status_code == 200
     assert wait_sweep(platform, new, lambda s: s["state"] in SWEEP_DONE, timeout=60)["state"] == "CANCELLED"
+
+
+def test_a_preempted_trial_resumes_from_its_own_checkpoint_and_counts_once(platform: Platform) -> None:
+    """Each trial is an ordinary job: preempted, it comes back as attempt 2 from its own trial-NNNN checkpoint,
+    and the sweep still has one trial for it, one TrainingJob workflow, and a right summary."""
+    spec = sweep_spec("preempt-trial", "", parameters={"list": [{"lr": 0.05}, {"lr": 0.02}]}, metric={"name": "loss"})
+    train = [str(REPO / "examples" / "train_numpy.py"), "--steps", "150", "--checkpoint-every", "10", "--step-seconds", "0.05"]
+    spec["template"]["entrypoint"] = [sys.executable, *train, "--lr", "{{lr}}"]
+    sweep = submit_sweep(platform, spec)
+    trial0 = f"{sweep['id']}-0000"
+    wait_sweep(platform, sweep["id"], lambda s: s["trials"][0]["state"] == "RUNNING", timeout=60)
+    wait_for_checkpoint(platform, trial0)
+    with platform.client("alpha-token") as http:
+        answer = http.post(f"/v1/jobs/{trial0}/preempt")
+    assert answer.status_code == 200 and answer.json()["accepted"], answer.text
+    done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE, timeout=180)
+    assert done["state"] == "COMPLETED", done
+    assert [t["job_id"] for t in done["trials"]] == [trial0, f"{sweep['id']}-0001"]
+    assert [t["state"] for t in done["trials"]] == ["SUCCEEDED", "SUCCEEDED"] and done["counts"] == {"SUCCEEDED": 2}, done
+    preempted, other = platform.job(trial0), platform.job(f"{sweep['id']}-0001")
+    assert (preempted["attempt"], other["attempt"]) == (2, 1)
+    kinds = [e["kind"] for e in preempted["events"]]
+    assert kinds.index("PREEMPTING") < kinds.index("REQUEUED") < kinds.index("SUCCEEDED"), kinds
+    first, second = log_of(platform, trial0, 1), log_of(platform, trial0, 2)
+    stopped_at = int(re.search(r"SIGTERM: checkpointed step (\d+)", first).group(1))  # type: ignore[union-attr]
+    assert resumed_step(second) == stopped_at > 0
+    resumed_from = re.search(r"resumed from step \d+ \((.*)\)", second).group(1)  # type: ignore[union-attr]
+    assert "/preempt-trial/trial-0000/" in resumed_from, resumed_from
+    assert "finished 150 steps" in second
+    # Counted once: two trials started, both succeeded, and each reports the metric of its last attempt.
+    summary = done["summary"]
+    assert (summary["started"], summary["succeeded"], summary["failed"], summary["cancelled"]) == (2, 2, 0, 0), summary
+    assert (summary["unfinished"], summary["not_started"], summary["refused"]) == (0, 0, 0), summary
+    final_loss = float(re.search(r"FAIRGANG_METRIC loss=(\S+)", second).group(1))  # type: ignore[union-attr]
+    assert done["trials"][0]["metrics"] == {"loss": final_loss}
+    assert summary["best"] is not None and summary["best"]["index"] in (0, 1)
+    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
+    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 2
+
+
+def test_a_schedule_and_a_running_sweep_survive_a_kill_9_of_the_whole_platform(platform: Platform) -> None:
+    """kill -9 of `fairgang dev` mid-sweep, then a restart on the same data dir: the schedule is still there and
+    fires again, and the in-flight sweep completes with exactly its trials. (It restarts the module's platform,
+    so it comes last.)"""
+    ticker = sweep_spec("restart-tick", "import sys; print('tick', sys.argv[1])", parameters={"list": [{"n": 1}]})
+    with platform.client("alpha-token") as http:
+        resp = http.post("/v1/schedules", json={"name": "restart-tick", "schedule": {"interval": "3s"}, "sweep": ticker})
+        assert resp.status_code == 201, resp.text
+    sid = resp.json()["id"]
+
+    def runs() -> list[dict[str, Any]]:
+        with platform.client("alpha-token") as http:
+            return list(http.get("/v1/sweeps", params={"schedule_id": sid}).json())
+
+    def until(what: str, predicate: Any, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"{what}: {runs()}\n{platform.logs()}"
+            time.sleep(0.5)
+
+    until("a first scheduled run", lambda: len(runs()) >= 1)
+    code = "import sys, time; print('trial', sys.argv[1], flush=True); time.sleep(3)"
+    sweep = submit_sweep(platform, sweep_spec("restarted", code, parameters={"list": [{"i": i} for i in range(4)]}))
+    wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) >= 1 and s["counts"].get("PENDING", 0) >= 1, timeout=60)
+    with platform.client("alpha-token") as http:
+        actions_before = http.get(f"/v1/schedules/{sid}").json()["actions_taken"]
+    platform.kill9()
+    restarted_at = time.time()
+    platform.start()
+
+    with platform.client("alpha-token") as http:
+        listed = [s for s in http.get("/v1/schedules").json() if s["id"] == sid]
+        assert len(listed) == 1 and listed[0]["interval_s"] == [3.0] and not listed[0]["paused"], listed
+    # It fires again: two more runs started after the restart, one of them already completed.
+    until(
+        "scheduled runs after the restart",
+        lambda: len(after := [r for r in runs() if r["created_at"] >= restarted_at]) >= 2 and any(r["state"] == "COMPLETED" for r in after),
+        timeout=90,
+    )
+    with platform.client("alpha-token") as http:
+        assert http.get(f"/v1/schedules/{sid}").json()["actions_taken"] >= actions_before + 2
+        assert http.delete(f"/v1/schedules/{sid}").status_code == 204
+
+    done = wait_sweep(platform, sweep["id"], lambda s: s["state"] in SWEEP_DONE, timeout=180)
+    assert done["state"] == "COMPLETED", done
+    assert [t["state"] for t in done["trials"]] == ["SUCCEEDED"] * 4, done["trials"]
+    assert [t["job_id"] for t in done["trials"]] == [f"{sweep['id']}-{i:04d}" for i in range(4)]
+    assert (done["summary"]["started"], done["summary"]["succeeded"]) == (4, 4), done["summary"]
+    with platform.client("alpha-token") as http:
+        jobs = [j["id"] for j in http.get("/v1/jobs", params={"limit": 5000}).json() if j["name"].startswith("restarted-")]
+    assert sorted(jobs) == [f"{sweep['id']}-{i:04d}" for i in range(4)]
+    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
+    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 4
+    # The same Sweep workflow carried on (batches of 2 starts: 2 runs), it was not started over.
+    assert count_workflows(platform, f"WorkflowId = '{sweep['id']}' AND WorkflowType = 'Sweep'") == 2
