@@ -42,6 +42,8 @@ from workflows.job import MEMBER_FENCED
 from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted
 
 HEARTBEAT_EVERY_S = 1.0
+#: Past a container's grace period, how long its shim gets to finish stopping it (the CLI's own time).
+CONTAINER_STOP_MARGIN_S = 10.0
 PR_SET_PDEATHSIG = 1
 LATEST_MARKER = "LATEST"
 log = logging.getLogger("fairgang.launch")
@@ -166,12 +168,13 @@ class LaunchActivities:
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
         container = f"fg-{inp.allocation_id}-r{inp.rank}" if self.runtime != "process" else ""
         argv, env = self._command(inp, ckpt, container)
-        # Local processes run under the shim (worker_agent/shim.py), which SIGKILLs the member one grace
-        # period after SIGTERM even when this agent is gone; it tells us through a pipe how the start went.
-        status_r, status_w = os.pipe() if self.runtime == "process" else (-1, -1)
-        keep_r, keep_w = os.pipe() if status_w >= 0 and self.lease_s is not None else (-1, -1)
-        if status_w >= 0:
-            argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until), *argv]
+        # Members run under the shim (worker_agent/shim.py), which SIGKILLs the member (process group, or
+        # container by name) one grace period after SIGTERM even when this agent is gone; it tells us through
+        # a pipe how the start went.
+        status_r, status_w = os.pipe()
+        keep_r, keep_w = os.pipe() if self.lease_s is not None else (-1, -1)
+        cli = self.runtime if container else ""
+        argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until, cli, container), *argv]
         with open(path, "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -358,11 +361,18 @@ class LaunchActivities:
 SHIM = Path(__file__).resolve().parents[1] / "worker_agent" / "shim.py"
 
 
-def shim_argv(grace_s: float, status_fd: int, keepalive_fd: int = -1, lease_until: float = math.inf) -> list[str]:
-    """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it)."""
+def shim_argv(
+    grace_s: float, status_fd: int, keepalive_fd: int = -1, lease_until: float = math.inf, cli: str = "", container: str = ""
+) -> list[str]:
+    """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it).
+
+    With ``cli`` and ``container`` the member is ``<cli> run --name <container> ...`` and the shim stops it by name.
+    """
     opts = ["--grace", repr(float(grace_s)), "--parent", str(os.getpid()), "--status-fd", str(status_fd)]
     if keepalive_fd >= 0:
         opts += ["--keepalive-fd", str(keepalive_fd), "--lease-until", f"{lease_until:.6f}"]
+    if container:
+        opts += ["--container-cli", cli, "--container", container]
     return [sys.executable, "-I", str(SHIM), *opts, "--"]
 
 
@@ -387,9 +397,9 @@ def _close(*fds: int) -> None:
 def _term_with_agent() -> None:
     """In the child: SIGTERM it when the agent dies, so that a member never outlives its activity.
 
-    A local process's child is the shim, which replaces this with its own signal and then stops
-    the member itself (SIGTERM, grace, SIGKILL; see ``worker_agent/shim.py``); a container CLI
-    passes the SIGTERM on. An agent that comes back SIGKILLs whatever is left (see
+    The child is the shim, which replaces this with its own signal and then stops the member
+    itself (SIGTERM, grace, SIGKILL: to its process group, or to its container by name; see
+    ``worker_agent/shim.py``). An agent that comes back stops whatever is left (see
     :meth:`LaunchActivities.stop_orphan`).
     """
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -421,7 +431,18 @@ async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | Non
         else:
             await stop_pid_group(member.pid, member.grace_period_s)
         return
-    # `<cli> stop -t N` sends the container SIGTERM and SIGKILL after N seconds.
+    if member.proc is not None:
+        # Our shim runs the container: SIGTERM to its group, and it stops the container by name (SIGTERM once,
+        # the grace period, SIGKILL) and ends with `run`'s status. The margin is for the CLI's own time.
+        await stop_process_group(member.proc, member.grace_period_s + CONTAINER_STOP_MARGIN_S, heartbeat)
+        for words in (("kill", "--signal", "KILL"), ("rm", "-f")):  # in case the shim could not finish
+            cleanup = await asyncio.create_subprocess_exec(
+                member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            )
+            await cleanup.wait()
+        return
+    # A previous agent's container (its shim stopped it already, unless it died too): `<cli> stop -t N`
+    # sends it SIGTERM and SIGKILL after N seconds.
     stopper = await asyncio.create_subprocess_exec(
         member.runtime, "stop", "-t", str(max(1, round(member.grace_period_s))), member.container,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -435,8 +456,6 @@ async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | Non
         member.runtime, "rm", "-f", member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     await remover.wait()
-    if member.proc is not None:
-        await stop_process_group(member.proc, 1.0, heartbeat)
 
 
 async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float, heartbeat: Callable[[], None] | None = None) -> int:

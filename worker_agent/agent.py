@@ -12,7 +12,7 @@ Fencing: each member holds a lease that only a heartbeat answer still holding it
 renews, to the time that heartbeat was sent plus ``self_fence_after_s``; the member's shim
 (worker_agent/shim.py) stops it when the lease runs out, so an agent that is frozen, cut off from
 the API or told the allocation is gone cannot keep it running, and this agent stops it too when it
-can (containers have no shim). The workflow, when it cannot confirm a member's end, revokes the
+can. The workflow, when it cannot confirm a member's end, revokes the
 allocation and waits out that lease plus the grace period before it moves on. Every register and
 heartbeat also reports what the agent runs; the API answers with those the store no longer holds
 (``fence``), which the agent kills at once.
@@ -160,7 +160,7 @@ class NodeAgent:
             await asyncio.sleep(self.settings.node_heartbeat_interval_s)
 
     def _self_fence(self) -> None:
-        """Stop the members whose lease ran out (their shims do the same; containers have none)."""
+        """Stop the members whose lease ran out (their shims do the same)."""
         silent = time.monotonic() - self.last_contact
         for member in self.launcher.expired(lease_clock()):
             log.warning("lease of %s ran out (%.0fs since the last answer holding it): stopping it", member.job_id, silent)

@@ -1,6 +1,7 @@
-"""The member supervisor: a small process between the agent and each member's process (process runtime).
+"""The member supervisor: a small process between the agent and each member's process or container.
 
-``python -m worker_agent.shim --grace S --parent PID --status-fd FD [--keepalive-fd K --lease-until T] -- ARGV...``
+``python -m worker_agent.shim --grace S --parent PID --status-fd FD [--keepalive-fd K --lease-until T]
+[--container-cli CLI --container NAME] -- ARGV...``
 
 The agent starts it as the leader of a new process group; the shim starts ARGV in that same
 group, so everything the member starts is in it too. It exists so that a member's stop ends
@@ -24,6 +25,14 @@ in SIGKILL even when the agent cannot send it:
   allocation whose members' end it could not confirm (workflows/job.py).
 * If the shim itself dies, the member gets SIGKILL (its own ``PR_SET_PDEATHSIG``).
 
+Containers (``--container-cli podman --container NAME``; ARGV is ``podman run --rm --name NAME ...``):
+the container itself runs under conmon, outside any group of ours, so every stop above goes to it by
+name instead: ``CLI kill --signal TERM NAME`` (once per stop, however many reasons to stop arrive), then
+after ``S`` seconds ``CLI kill --signal KILL NAME``, and once the ``run`` client has ended, ``CLI kill``
+and ``CLI rm -f`` again for whatever a client killed mid-start may have left. The ``run`` client gets
+its own session, so the SIGTERM the agent sends to the shim's group does not reach it (its
+``--sig-proxy`` would pass that on to the container a second time); its exit status is the member's.
+
 It tells the agent through ``FD`` either ``ok <pid>`` (the member's pid) or ``error <why>`` (the
 member could not start; exit status 127). Its exit status is the member's (a member killed by
 a signal makes the shim die of that signal). It imports nothing but the standard library.
@@ -45,6 +54,10 @@ PR_SET_PDEATHSIG = 1
 #: The signal the kernel sends the shim when the agent dies.
 AGENT_DIED = signal.SIGUSR1
 POLL_S = 0.05
+#: How long the shim waits for one container CLI command (``kill``, ``rm``).
+CLI_TIMEOUT_S = 30.0
+#: How long it waits for a container's ``run`` client to end once the container got SIGKILL.
+CLIENT_AFTER_KILL_S = 5.0
 
 
 def lease_clock() -> float:
@@ -74,11 +87,47 @@ def _die_like(code: int) -> int:
     return 128 + sig
 
 
+def _container_cmd(cli: str, *words: str) -> subprocess.Popen[bytes]:
+    """``CLI WORDS...`` in a session of its own, its output discarded."""
+    devnull = subprocess.DEVNULL
+    return subprocess.Popen([cli, *words], stdin=devnull, stdout=devnull, stderr=devnull, start_new_session=True)
+
+
+def _run_container_cmd(cli: str, *words: str) -> None:
+    with contextlib.suppress(OSError):
+        helper = _container_cmd(cli, *words)
+        try:
+            helper.wait(CLI_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+
+
+def _kill_container(cli: str, container: str, client: subprocess.Popen[bytes]) -> int:
+    """The end of the grace period: SIGKILL the container, then wait for its ``run`` client (SIGKILL it
+    too if it does not end: one still starting the container; the caller then removes what it left); its
+    exit status."""
+    _run_container_cmd(cli, "kill", "--signal", "KILL", container)
+    try:
+        return client.wait(CLIENT_AFTER_KILL_S)
+    except subprocess.TimeoutExpired:
+        client.kill()
+        return client.wait()
+
+
+def _remove_container(cli: str, container: str) -> None:
+    """Make sure the container is gone (a client killed while it started one may have left it running)."""
+    _run_container_cmd(cli, "kill", "--signal", "KILL", container)
+    _run_container_cmd(cli, "rm", "-f", container)
+
+
 def main(args: list[str]) -> int:
     sep = args.index("--")
     opts, argv = dict(zip(args[:sep:2], args[1:sep:2], strict=True)), args[sep + 1 :]
     grace, parent, status_fd = float(opts["--grace"]), int(opts["--parent"]), int(opts["--status-fd"])
     keepalive = int(opts.get("--keepalive-fd", "-1"))
+    cli, container = opts.get("--container-cli", ""), opts.get("--container", "")
+    term_sent = False
     lease_until = float(opts.get("--lease-until", "inf")) if keepalive >= 0 else math.inf
     group = os.getpgid(0)
     stop_at: float | None = None
@@ -97,8 +146,9 @@ def main(args: list[str]) -> int:
             return
         fenced = True
         on_term(_sig, _frame)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGTERM)
+        if not container:  # a container gets its SIGTERM from the main loop (send_term)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
 
     def fence(why: str) -> None:
         if not fenced:
@@ -123,11 +173,21 @@ def main(args: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 lease_until = max(lease_until, float(line))
 
+    def send_term() -> None:
+        # The container's SIGTERM, once: not from a signal handler (it starts a process), and in a session of
+        # its own, so that a SIGKILL of the shim's group does not cut it short.
+        nonlocal term_sent
+        if container and stop_at is not None and not term_sent:
+            term_sent = True
+            with contextlib.suppress(OSError):
+                _container_cmd(cli, "kill", "--signal", "TERM", container)
+
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(AGENT_DIED, on_agent_died)
     _prctl_pdeathsig(AGENT_DIED)
     try:
-        proc = subprocess.Popen(argv, preexec_fn=_kill_with_shim)  # the shim has one thread: preexec_fn is safe
+        # The shim has one thread: preexec_fn is safe. A container's `run` client gets a session of its own.
+        proc = subprocess.Popen(argv, preexec_fn=_kill_with_shim, start_new_session=bool(container))
     except OSError as err:
         print(f"fairgang: could not start {argv[0]!r}: {err}", flush=True)
         os.write(status_fd, f"error {err}\n".encode())
@@ -150,8 +210,18 @@ def main(args: list[str]) -> int:
             break
         if not fenced and lease_clock() >= lease_until:
             fence("no keepalive from the agent before the member's lease ran out")
+        send_term()
         if stop_at is not None and time.monotonic() >= stop_at:
-            os.killpg(group, signal.SIGKILL)  # the shim goes too
+            if not container:
+                os.killpg(group, signal.SIGKILL)  # the shim goes too
+                continue
+            code = _kill_container(cli, container, proc)
+            break
+    if container:
+        if stop_at is not None or code < 0:
+            # Stopped, or its client died of a signal: whatever it started must not outlive it.
+            _remove_container(cli, container)
+        return _die_like(code)
     if stop_at is not None and (fenced or os.getppid() != parent):
         # Stopped on its own, without its agent: nothing of the member may outlive the grace period.
         os.killpg(group, signal.SIGKILL)

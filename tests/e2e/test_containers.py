@@ -7,10 +7,13 @@ Skipped, with the reason, where podman cannot run a container here.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +132,77 @@ def test_cancel_stops_the_container_gracefully_then_kills_it(podman_platform: Pl
         assert expect in log
     released = [e for e in done["events"] if e["kind"] == "CANCELLED"]
     assert released, done["events"]
+
+
+def running_containers() -> str:
+    out = subprocess.run(["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60)
+    return out.stdout
+
+
+#: Each attempt appends "attempt uptime" to $CHECKPOINT_DIR/ticks (on the node) every 0.1 s; attempt 1 ignores
+#: SIGTERM and never ends on its own, attempt 2 ends after about 3 s.
+TICKS = (
+    'if [ "$FAIRGANG_ATTEMPT" = 1 ]; then trap "" TERM; n=1000000; else n=30; fi; echo started; i=0; '
+    'while [ $i -lt $n ]; do read up _ < /proc/uptime; echo "$FAIRGANG_ATTEMPT $up" >> "$CHECKPOINT_DIR/ticks"; '
+    "i=$((i+1)); sleep 0.1; done"
+)
+
+
+def _tick_spans(ticks: Path) -> dict[int, tuple[float, float]]:
+    """attempt -> (first, last) uptime its container recorded itself alive."""
+    spans: dict[int, tuple[float, float]] = {}
+    for line in ticks.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            attempt, t = int(parts[0]), float(parts[1])
+            first, last = spans.get(attempt, (t, t))
+            spans[attempt] = (min(first, t), max(last, t))
+    return spans
+
+
+def test_a_frozen_agents_container_that_ignores_sigterm_is_stopped_by_its_shim(podman_platform: Platform) -> None:
+    """SIGSTOP of the agent running a container that ignores SIGTERM, past the lost-node timeout.
+
+    The container runs under conmon, not the agent: only the member's shim, when the lease runs out, can stop
+    it (SIGTERM and SIGKILL by name), before the workflow queues the job again on the other node.
+    """
+    p = podman_platform
+    job = p.submit(container_spec("frozen-agent", TICKS))
+    first = p.wait_for(job["id"], {"RUNNING"}, timeout=120)["allocation"]
+    node, name = first["members"][0]["node_id"], f"fg-{first['id']}-r0"
+    ticks = p.data_dir / "checkpoints" / "ckpt" / "alpha" / "frozen-agent" / "ticks"
+    deadline = time.monotonic() + 120
+    while not ticks.exists() or 1 not in _tick_spans(ticks):
+        assert time.monotonic() < deadline, p.logs()
+        time.sleep(0.2)
+    agent = int(json.loads((p.data_dir / "pids.json").read_text())[f"agent-{node}"])
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 150
+        while (seen := p.job(job["id"]))["attempt"] < 2 or seen["state"] != "RUNNING":
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.3)
+        # The agent is still frozen: attempt 1's container, which ignores SIGTERM, was stopped by its shim alone.
+        assert name not in running_containers(), "attempt 1's container still runs on the frozen agent's node"
+        assert node not in [m["node_id"] for m in seen["allocation"]["members"]]
+        while name in containers(p):  # and removed (its `run` client's --rm)
+            assert time.monotonic() < deadline, containers(p)
+            time.sleep(0.3)
+        with p.client("admin-token") as http:
+            log = http.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": 1, "rank": 0}).text
+        assert "no keepalive from the agent" in log, log
+        while 2 not in _tick_spans(ticks):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    done = p.wait_for(job["id"], TERMINAL, timeout=150)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 2, done
+    spans = _tick_spans(ticks)
+    assert spans[1][1] < spans[2][0], f"attempt 1 still ran at {spans[1][1]}, after attempt 2 started at {spans[2][0]}"
+    assert f"fg-{done['allocation']['id']}" not in containers(p) and name not in containers(p)
+    deadline = time.monotonic() + 90
+    with p.client("admin-token") as http:  # the node comes back (registers again) for whatever runs next
+        while next(n for n in http.get("/v1/fleet").json()["nodes"] if n["id"] == node)["state"] != "READY":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.launch import _read_status, _term_with_agent, pid_alive, shim_argv, stop_process_group
+from activities.launch import RunningMember, _read_status, _term_with_agent, pid_alive, shim_argv, stop_member, stop_process_group
 from worker_agent.shim import lease_clock
 
 #: A member that ignores SIGTERM and has a child that exits on SIGTERM (writing a marker first).
@@ -162,3 +162,122 @@ def test_a_closed_keepalive_pipe_stops_the_member_at_once(tmp_path: Path) -> Non
     os.close(keep_w)  # the launch activity ended (or the agent died) with the member still running
     _wait(lambda: proc.poll() is not None, timeout=30)
     _wait(lambda: not pid_alive(member), timeout=10)  # the group's SIGKILL may reach the shim first
+
+
+#: A stand-in for the podman CLI, for the shim's container stop: ``run --name N ... -- ARGV`` starts ARGV in a
+#: session of its own (as conmon does: outside the shim's group, untouched when the client dies), passes the
+#: SIGTERM it gets on to it (podman's --sig-proxy) and exits with its status (128 + signal when killed);
+#: ``kill --signal SIG N`` and ``rm -f N`` signal it by name. It logs each command to ``<dir>/cli.log``.
+FAKE_CLI = """
+import os, signal, subprocess, sys
+d, (cmd, *args) = os.path.dirname(os.path.abspath(__file__)), sys.argv[1:]
+with open(os.path.join(d, "cli.log"), "a") as log:
+    log.write(" ".join([cmd, *args]) + "\\n")
+name = args[args.index("--name") + 1] if cmd == "run" else args[-1]
+pidfile = os.path.join(d, name + ".pid")
+if cmd == "run":
+    box = subprocess.Popen(args[args.index("--") + 1 :], start_new_session=True)
+    open(pidfile, "w").write(str(box.pid))
+    signal.signal(signal.SIGTERM, lambda *_: box.send_signal(signal.SIGTERM))
+    code = box.wait()
+    os.unlink(pidfile)
+    sys.exit(128 - code if code < 0 else code)
+try:
+    pid = int(open(pidfile).read())
+except OSError:
+    sys.exit(125)  # no such container
+os.kill(pid, signal.SIGKILL if cmd == "rm" else getattr(signal, "SIG" + args[args.index("--signal") + 1]))
+"""
+
+#: The container's payload: counts the SIGTERMs it gets in ``<dir>/terms``; ignores them, or exits 3 on one.
+BOX = """
+import os, signal, sys, time
+d, on_term = sys.argv[1], sys.argv[2]
+def term(*_):
+    open(d + "/terms", "a").write("TERM\\n")
+    if on_term == "exit":
+        time.sleep(0.3)  # a second SIGTERM would land here
+        sys.exit(3)
+signal.signal(signal.SIGTERM, term)
+open(d + "/box.pid", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _fake_container(tmp_path: Path, name: str, on_term: str) -> tuple[str, list[str]]:
+    cli = tmp_path / "fakecli"
+    cli.write_text(f"#!{sys.executable}\n{FAKE_CLI}")
+    cli.chmod(0o755)
+    return str(cli), [str(cli), "run", "--rm", "--name", name, "--", sys.executable, "-c", BOX, str(tmp_path), on_term]
+
+
+def _box_pid(tmp_path: Path) -> int:
+    _wait(lambda: (tmp_path / "box.pid").exists() and (tmp_path / "box.pid").read_text())
+    pid = int((tmp_path / "box.pid").read_text())
+    _groups.append(pid)  # its own session: killed at the end even when a test fails
+    return pid
+
+
+@pytest.mark.parametrize("how", ["agent dies", "lease runs out"])
+def test_a_container_that_ignores_sigterm_is_killed_by_name_one_grace_period_after_its_agent_is_gone(tmp_path: Path, how: str) -> None:
+    """The container runs outside the shim's group (under conmon): the shim stops it through the CLI."""
+    grace, lease = 2.0, 3.0 if how == "lease runs out" else 3600.0
+    cli, argv = _fake_container(tmp_path, "fg-a-r0", "ignore")
+    agent = os.fork()
+    if agent == 0:  # the "agent": start the container under the shim, then die, or stop renewing its lease
+        try:
+            status_r, status_w = os.pipe()
+            keep_r, _keep_w = os.pipe()  # stays open while the agent lives
+            shim = [*shim_argv(grace, status_w, keep_r, lease_clock() + lease, cli, "fg-a-r0"), *argv]
+            log = open(tmp_path / "shim.log", "wb")  # noqa: SIM115 - the agent's child keeps it
+            subprocess.Popen(shim, start_new_session=True, preexec_fn=_term_with_agent, pass_fds=(status_w, keep_r), stdout=log)
+            os.close(status_w)
+            os.close(keep_r)
+            _read_status(status_r)
+            while not (tmp_path / "box.pid").exists():
+                time.sleep(0.01)
+            while how == "lease runs out":  # alive, keepalive pipe open, renewing nothing: frozen
+                time.sleep(1)
+        finally:
+            os._exit(0)
+    try:
+        box = _box_pid(tmp_path)
+        if how == "agent dies":
+            os.waitpid(agent, 0)
+        gone_from = time.monotonic()
+        _wait(lambda: (tmp_path / "terms").exists(), timeout=30)  # SIGTERM, through the CLI
+        stopped_at = time.monotonic()
+        assert pid_alive(box)
+        _wait(lambda: not pid_alive(box), timeout=grace + 30)
+        assert time.monotonic() - stopped_at >= grace - 0.3, "killed before its grace period was over"
+        assert time.monotonic() - gone_from >= grace - 0.3
+        _wait(lambda: not (tmp_path / "fg-a-r0.pid").exists(), timeout=30)  # its `run` client ended too
+        assert (tmp_path / "terms").read_text() == "TERM\n", "the container got SIGTERM more than once"
+        commands = (tmp_path / "cli.log").read_text()
+        assert "kill --signal TERM fg-a-r0" in commands and "kill --signal KILL fg-a-r0" in commands, commands
+        if how == "lease runs out":
+            assert b"no keepalive from the agent" in (tmp_path / "shim.log").read_bytes()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(agent, 0)
+
+
+async def test_the_agents_stop_of_a_container_signals_it_once_and_its_exit_status_comes_through(tmp_path: Path) -> None:
+    """stop_member on a container under the shim: one SIGTERM (the `run` client's --sig-proxy does not add one)."""
+    cli, argv = _fake_container(tmp_path, "fg-b-r0", "exit")
+    r, w = os.pipe()
+    proc = await asyncio.create_subprocess_exec(
+        *shim_argv(5.0, w, cli=cli, container="fg-b-r0"), *argv, start_new_session=True, pass_fds=(w,)
+    )
+    os.close(w)
+    _groups.append(proc.pid)
+    client = int((await asyncio.to_thread(_read_status, r)).split()[1])
+    box = await asyncio.to_thread(_box_pid, tmp_path)
+    member = RunningMember("b", "j", 1, 0, proc.pid, 5.0, runtime=cli, container="fg-b-r0", proc=proc)
+    await stop_member(member)
+    assert proc.returncode == 3, "the shim's status is not the container's"
+    assert not pid_alive(box) and not pid_alive(client)
+    assert (tmp_path / "terms").read_text() == "TERM\n", "the container got SIGTERM more than once"
