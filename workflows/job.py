@@ -55,8 +55,9 @@ async def _store(activity: str, arg: object) -> object:
 
 MASTER_PORT = 29500
 #: Added to the agents' member lease and the grace period before a member whose end is unconfirmed is taken
-#: for dead: the shim's poll interval, the timer's and the node's clocks running apart, the reaping.
-FENCE_MARGIN_S = 2.0
+#: for dead: the shim's poll interval, the timer's and the node's clocks running apart, the reaping, and a
+#: container CLI's own time to kill and remove a container (a second or two, more on a loaded node).
+FENCE_MARGIN_S = 5.0
 #: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
 MEMBER_FENCED = "MemberFenced"
 FENCE_PATCH = "fence-unconfirmed-members"

@@ -29,7 +29,7 @@ from store import repo
 from store.db import Database, migrate
 from tests.builders import job_spec
 from tests.conftest import small_cluster
-from workflows.job import TrainingJobWorkflow
+from workflows.job import FENCE_MARGIN_S, TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement, PlacementMember
 
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
@@ -162,10 +162,10 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
             assert "gave up after 3 infrastructure failures" in outcome.reason
             assert len(node.calls) == 3 and [c.attempt for c in node.calls] == [1, 2, 3]
             # A crashed launch does not prove its member dead: the allocation is revoked and the workflow waits
-            # out the member lease (1 s), the grace period (1 s) and the margin (2 s), then a backoff that
+            # out the member lease (1 s), the grace period (1 s) and the margin (FENCE_MARGIN_S), then a backoff that
             # doubles (1 s, then 2 s), before each new attempt.
             first_gap, second_gap = node.times[1] - node.times[0], node.times[2] - node.times[1]
-            assert first_gap >= 1.0 + 1.0 + 2.0 + 1.0 and second_gap >= 1.0 + 1.0 + 2.0 + 2.0, (first_gap, second_gap)
+            assert first_gap >= 1.0 + 1.0 + FENCE_MARGIN_S + 1.0 and second_gap >= 1.0 + 1.0 + FENCE_MARGIN_S + 2.0, (first_gap, second_gap)
             revoked = [e for e in await repo.job_events(store, job_id) if e.kind == "REVOKED"]
             assert [e.attempt for e in revoked] == [1, 2, 3], revoked
             job = await repo.get_job(store, job_id)
