@@ -168,6 +168,9 @@ def dev(
         stop = True
 
     signal.signal(signal.SIGTERM, _stop)
+    # Ctrl-C stops the platform even when this process was started with SIGINT ignored (as a shell's
+    # background job is): `fairgang dev` is a foreground command, and its parts do not see the signal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         platform.start(say=lambda line: console.print(line))
         token = (cluster.admin_tokens or [""])[0]
