@@ -473,6 +473,25 @@ def test_a_preempted_trial_resumes_from_its_own_checkpoint_and_counts_once(platf
     assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 2
 
 
+def test_a_failing_trial_is_counted_and_fails_sweep_submit_wait(platform: Platform, tmp_path: Path) -> None:
+    """A trial whose job exits non-zero is FAILED, with its exit code; the sweep's summary counts it, the others
+    still run, and `fairgang sweep submit FILE --wait` exits non-zero."""
+    code = "import sys; n = int(sys.argv[1]); print('trial', n, flush=True); sys.exit(3 if n == 1 else 0)"
+    spec_file = tmp_path / "failing.json"
+    spec_file.write_text(json.dumps(sweep_spec("one-fails", code, parameters={"list": [{"n": 0}, {"n": 1}, {"n": 2}]})))
+    env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
+    argv = [sys.executable, "-m", "fairgang.cli", "sweep", "submit", str(spec_file), "--wait", "-o", "json"]
+    waited = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert waited.returncode == 1 and "Traceback" not in waited.stderr, (waited.stdout, waited.stderr)
+    shown = json.loads(waited.stdout)
+    assert shown["state"] in SWEEP_DONE, shown
+    assert [(t["state"], t["exit_code"]) for t in shown["trials"]] == [("SUCCEEDED", 0), ("FAILED", 3), ("SUCCEEDED", 0)], shown
+    summary = shown["summary"]
+    assert (summary["started"], summary["succeeded"], summary["failed"], summary["not_started"]) == (3, 2, 1, 0), summary
+    # The API says the same as the CLI printed.
+    assert get_sweep(platform, shown["id"])["summary"] == summary
+
+
 def test_a_schedule_and_a_running_sweep_survive_a_kill_9_of_the_whole_platform(platform: Platform) -> None:
     """kill -9 of `fairgang dev` mid-sweep, then a restart on the same data dir: the schedule is still there and
     fires again, and the in-flight sweep completes with exactly its trials. (It restarts the module's platform,
