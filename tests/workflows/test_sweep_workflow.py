@@ -4,7 +4,9 @@ The store activities are replaced by fakes kept in memory and the trials by a st
 ``TrainingJob`` workflow (same name, same ``cancel`` signal), so these tests look only at what
 the ``Sweep`` workflow does: batching with continue-as-new at scale, every trial started once,
 the concurrency cap, and cancellation reaching every trial (adopted ones too, and one whose
-job was being created when the cancel landed).
+job was being created when the cancel landed). Issue 7, point 1 (each trial an ordinary job):
+a trial held back by the tenant's concurrent-job cap ("wait") is tried again, never skipped,
+and one refused by admission at start time ("refused") ends there while the sweep goes on.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+import workflows.sweep
 from fairgang.dev import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES
 from workflows.messages import CancelRequest, JobInput, JobOutcome
@@ -81,6 +85,13 @@ class FakeStore:
         self.block_index: int | None = None
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
+        #: The tenant's concurrent-job cap (like ``repo.create_job``'s): "wait" while this many trials are unfinished.
+        self.tenant_cap: int | None = None
+        #: Trials that admission refuses at start time (the tenant's policy changed), with the reason.
+        self.refuse: dict[int, str] = {}
+        #: create_trial answers other than "created", by trial index.
+        self.waits: dict[int, int] = {}
+        self.refusals: dict[int, int] = {}
 
     def job_id(self, index: int) -> str:
         return f"{self.sweep_id}-{index:04d}"
@@ -94,6 +105,12 @@ class FakeStore:
         if inp.index == self.block_index:
             self.entered.set()
             await self.release.wait()
+        if inp.index in self.refuse:
+            self.refusals[inp.index] = self.refusals.get(inp.index, 0) + 1
+            return TrialStart(status="refused", reason=self.refuse[inp.index])
+        if self.tenant_cap is not None and await self._unfinished() >= self.tenant_cap:
+            self.waits[inp.index] = self.waits.get(inp.index, 0) + 1
+            return TrialStart(status="wait", reason=f"tenant 'alpha' already has {self.tenant_cap} unfinished jobs")
         self.created[inp.index] = self.created.get(inp.index, 0) + 1
         job_id = self.job_id(inp.index)
         job = JobInput(
@@ -101,6 +118,20 @@ class FakeStore:
             env={"HOLD": str(self.hold(inp.index))}, checkpoint_dir="/ckpt", max_runtime_s=600, grace_period_s=1,
         )  # fmt: skip
         return TrialStart(status="created", job_id=job_id, job=job)
+
+    async def _unfinished(self) -> int:
+        """Created trials whose job has not ended (one whose workflow has not started yet counts)."""
+        count = 0
+        for index in self.created:
+            try:
+                desc = await activity.client().get_workflow_handle(self.job_id(index)).describe()
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                count += 1
+                continue
+            count += desc.status == WorkflowExecutionStatus.RUNNING
+        return count
 
     @activity.defn(name="trial_states")
     async def trial_states(self, inp: TrialStatesInput) -> TrialStates:
@@ -271,3 +302,83 @@ async def test_a_temporal_cancel_during_create_trial_still_starts_and_cancels_th
         outcome = await env.client.get_workflow_handle(fake.job_id(index), result_type=JobOutcome).result()
         assert outcome.state == "CANCELLED"
         assert fake.job_id(index) in CANCELLED
+
+
+async def _trial_intervals(client: Client, sweep_id: str, count: int) -> dict[str, tuple[float, float]]:
+    """Each trial workflow's (start, close) time, by job id, once ``count`` have closed (visibility may lag)."""
+    intervals: dict[str, tuple[float, float]] = {}
+
+    async def all_closed() -> bool:
+        intervals.clear()
+        async for execution in client.list_workflows(f"WorkflowId STARTS_WITH '{sweep_id}-'"):
+            if execution.close_time is None:
+                return False
+            intervals[execution.id] = (execution.start_time.timestamp(), execution.close_time.timestamp())
+        return len(intervals) >= count
+
+    await _until(all_closed)
+    return intervals
+
+
+async def test_trials_held_back_by_the_tenants_job_cap_wait_and_run_one_at_a_time(
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep allows 3 trials at once, the tenant 1 job: each trial's create_trial answers "wait" while
+    another trial runs; the workflow tries that same trial again later (it neither skips it nor counts it
+    finished), so all 4 run, one at a time, and the sweep completes."""
+    monkeypatch.setattr(workflows.sweep, "AT_CAP_RETRY_S", 0.3)
+    fake = FakeStore(trials=4, cap=3, hold=lambda i: 0.5)
+    fake.tenant_cap = 1
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=100)
+        result = await asyncio.wait_for(handle.result(), 120)
+        status = await handle.query("status", result_type=SweepStatus)
+    assert result["state"] == "COMPLETED"
+    assert [f.cancelled for f in fake.finished] == [False]
+    assert (status.started, status.finished, status.running) == (4, 4, [])
+    # Every trial was created once and started once, in order, after having been held back.
+    assert fake.created == dict.fromkeys(range(4), 1)
+    assert sorted(fake.waits) == [1, 2, 3], fake.waits
+    assert await _children_started(env.client, fake.sweep_id) == [fake.job_id(i) for i in range(4)]
+    intervals = await _trial_intervals(env.client, fake.sweep_id, 4)
+    assert sorted(intervals) == [fake.job_id(i) for i in range(4)]
+    assert _max_overlap(list(intervals.values())) == 1
+
+
+async def test_a_trial_refused_at_start_time_ends_there_and_the_sweep_goes_on(env: WorkflowEnvironment) -> None:
+    """Admission refuses trials 1 and 2 when they are due (the tenant's policy changed since the submit): they
+    are asked once, never started, count as finished, and trial 3 still runs; the sweep completes."""
+    fake = FakeStore(trials=4, cap=2, hold=lambda i: 0.2)
+    fake.refuse = {1: "max_runtime: 10m is over tenant 'alpha' limit of 5m", 2: "gpu_type: tenant 'alpha' may not use H100-80GB"}
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=100)
+        result = await asyncio.wait_for(handle.result(), 120)
+        status = await handle.query("status", result_type=SweepStatus)
+    assert result["state"] == "COMPLETED"
+    assert [f.cancelled for f in fake.finished] == [False]
+    assert (status.started, status.finished, status.running) == (4, 4, [])
+    assert fake.refusals == {1: 1, 2: 1}, "a refused trial was asked again"
+    assert fake.created == {0: 1, 3: 1}
+    assert await _children_started(env.client, fake.sweep_id) == [fake.job_id(0), fake.job_id(3)]
+
+
+async def test_a_cancel_while_a_trial_waits_at_the_tenants_job_cap_creates_no_more_trials(env: WorkflowEnvironment) -> None:
+    """Trial 0 runs until cancelled and holds the tenant's only job slot, so trial 1 waits: a cancel then stops
+    trial 0 gracefully, and trial 1 is never created (not even once trial 0's slot is free)."""
+    fake = FakeStore(trials=3, cap=3, hold=lambda i: -1)
+    fake.tenant_cap = 1
+    async with _worker(env.client, fake):
+        handle = await _start(env.client, fake, batch_size=100)
+
+        async def trial_1_waited() -> bool:
+            return fake.waits.get(1, 0) >= 1
+
+        await _until(trial_1_waited)
+        await handle.signal("cancel", SweepCancel(reason="stop"))
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result["state"] == "CANCELLED"
+    assert [f.cancelled for f in fake.finished] == [True]
+    assert fake.created == {0: 1}
+    outcome = await env.client.get_workflow_handle(fake.job_id(0), result_type=JobOutcome).result()
+    assert outcome.state == "CANCELLED"
+    assert await _children_started(env.client, fake.sweep_id) == [fake.job_id(0)]
