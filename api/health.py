@@ -78,7 +78,9 @@ async def apply_reports(
         fatal = [f for f in findings if f.severity == "fatal"]
         stored = {**report, **book, **({"injected": faults[gpu.index]} if gpu.index in faults else {})}
         going_out = bool(fatal) and gpu.healthy
-        await repo.set_gpu_health(state.db, node_id=node_id, index=gpu.index, health=stored, healthy=False if going_out else None)
+        await repo.set_gpu_health(
+            state.db, node_id=node_id, index=gpu.index, health=stored, healthy=False if going_out else None, keep_injected=True
+        )
         if going_out:
             why = "; ".join(f.message for f in fatal)
             log.warning("GPU %s/%d out of service: %s", node_id, gpu.index, why)
@@ -216,11 +218,9 @@ async def inject_fault(state: State, who: Caller, node_id: str, index: int, faul
     _require_admin(who)
     if fault.kind not in FAULT_KINDS:
         raise HTTPException(422, f"kind: one of {', '.join(FAULT_KINDS)}")
-    gpu = next((g for g in await repo.list_gpus(state.db) if g.node_id == node_id and g.index == index), None)
-    if gpu is None:
+    injected = await repo.inject_gpu_fault(state.db, node_id=node_id, index=index, fault=fault.model_dump(exclude_none=True))
+    if injected is None:
         raise HTTPException(404, f"no GPU {node_id}/{index}")
-    injected = [*gpu.health.get("injected", []), fault.model_dump(exclude_none=True)]
-    await repo.set_gpu_health(state.db, node_id=node_id, index=index, health={**gpu.health, "injected": injected})
     return {"node_id": node_id, "index": index, "injected": injected}
 
 

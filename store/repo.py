@@ -1014,19 +1014,43 @@ async def recent_health_events(db: Database, *, limit: int = 50) -> Sequence[Hea
 
 
 async def set_gpu_health(
-    db: Database, *, node_id: str, index: int, healthy: bool | None = None, health: dict[str, Any] | None = None
+    db: Database,
+    *,
+    node_id: str,
+    index: int,
+    healthy: bool | None = None,
+    health: dict[str, Any] | None = None,
+    keep_injected: bool = False,
 ) -> Gpu | None:
-    """Update a GPU's health report and/or its in-service flag; taking one out or returning it wakes the scheduler."""
+    """Update a GPU's health report and/or its in-service flag; taking one out or returning it wakes the scheduler.
+
+    ``keep_injected``: the stored ``injected`` faults are the row's own at the time of writing (a fault an admin
+    injected, or cleared, while the caller was assessing a report is neither lost nor brought back).
+    """
     async with db.transaction() as session:
-        gpu = await session.get(Gpu, (node_id, index))
+        gpu = await session.get(Gpu, (node_id, index), with_for_update=True)
         if gpu is None:
             return None
         if health is not None:
+            if keep_injected:
+                current = (gpu.health or {}).get("injected")
+                health = {k: v for k, v in health.items() if k != "injected"} | ({"injected": current} if current else {})
             gpu.health = health
         if healthy is not None and healthy != gpu.healthy:
             gpu.healthy = healthy
             await bump_change_feed(session)
         return gpu
+
+
+async def inject_gpu_fault(db: Database, *, node_id: str, index: int, fault: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Add a simulated fault to a GPU's ``injected`` list, in one transaction; the list after it, or None for no such GPU."""
+    async with db.transaction() as session:
+        gpu = await session.get(Gpu, (node_id, index), with_for_update=True)
+        if gpu is None:
+            return None
+        injected = [*(gpu.health or {}).get("injected", []), fault]
+        gpu.health = {**(gpu.health or {}), "injected": injected}
+        return injected
 
 
 async def gpu_jobs(db: Database, node_id: str) -> list[tuple[int, str, int]]:

@@ -338,3 +338,23 @@ async def test_the_event_log_only_grows_and_the_database_refuses_to_rewrite_it(s
             with pytest.raises(DBAPIError, match="append-only"):
                 await conn.execute(text(statement))
     assert _event_rows(list(await repo.job_events(seeded, job.id))) == logs[-1]
+
+
+async def test_a_fault_injected_while_a_report_is_assessed_is_kept(seeded: Database) -> None:
+    """The heartbeat path reads a GPU, assesses the agent's report, then writes it back: an admin's
+    injection (or return) in between must survive that write, not be overwritten by the stale read."""
+    await repo.register_node(
+        seeded, node_id="h1", gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b1", gpus=[{"index": 0, "health": {"simulated": True}}]
+    )
+    [stale] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
+    assert "injected" not in stale.health
+    assert await repo.inject_gpu_fault(seeded, node_id="h1", index=0, fault={"kind": "thermal"}) == [{"kind": "thermal"}]
+    await repo.set_gpu_health(seeded, node_id="h1", index=0, health={**stale.health, "temperature_c": 40}, keep_injected=True)
+    [now] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
+    assert now.health["injected"] == [{"kind": "thermal"}] and now.health["temperature_c"] == 40
+    # And the other way round: a GPU returned (injections cleared) meanwhile does not get a stale fault back.
+    await repo.set_gpu_health(seeded, node_id="h1", index=0, healthy=True, health={"simulated": True})
+    await repo.set_gpu_health(seeded, node_id="h1", index=0, health=dict(now.health), keep_injected=True)
+    [after] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
+    assert "injected" not in after.health
+    assert await repo.inject_gpu_fault(seeded, node_id="h9", index=0, fault={"kind": "thermal"}) is None
