@@ -22,3 +22,13 @@ def spec_dict(**overrides: Any) -> dict[str, Any]:
 
 def job_spec(**overrides: Any) -> JobSpec:
     return JobSpec.model_validate(spec_dict(**overrides))
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals (start, end) open at one instant."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, delta in points:
+        now += delta
+        most = max(most, now)
+    return most

@@ -14,10 +14,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 from hypothesis import settings
 
+from api.app import create_app
+from api.deps import AppState
 from fairgang.cluster import ClusterConfig
+from fairgang.settings import Settings
 from store import repo
 from store.db import Database, migrate
 
@@ -140,3 +144,13 @@ async def seeded(db: Database) -> Database:
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+@pytest.fixture
+async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app in process, on the seeded store (no Temporal: it points at a closed port)."""
+    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
+    app = create_app(settings)
+    app.state.fairgang = AppState(settings=settings, db=seeded)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        yield client

@@ -6,27 +6,12 @@ reconciler starts their workflows later), so these tests cover the API's own rul
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx
 import pytest
 
-from api.app import create_app
-from api.deps import AppState
-from fairgang.settings import Settings
 from store import repo
 from store.db import Database
 from tests.builders import spec_dict
-
-
-@pytest.fixture
-async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
-    app = create_app(settings)
-    app.state.fairgang = AppState(settings=settings, db=seeded)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
-        yield client
 
 
 def auth(token: str) -> dict[str, str]:

@@ -13,11 +13,8 @@ from api.metrics import requeue_reason
 from store import repo
 from store.db import Database
 from store.models import Job
-from tests.api import test_api
 from tests.api.test_api import ADMIN, ALPHA, BETA, NODE
 from tests.builders import spec_dict
-
-api = test_api.api  # the same fixture: the API in-process over a seeded store
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

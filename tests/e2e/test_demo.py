@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from activities.launch import pid_alive
 from fairgang.cluster import load_cluster_config
 from fairgang.spec import load_spec_text
 from fairgang.sweeps import load_sweep_text
@@ -29,15 +30,6 @@ from tests.e2e.conftest import REPO, _database_for, free_port
 
 pytestmark = pytest.mark.e2e
 CLUSTER = REPO / "examples" / "cluster.yaml"
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _listening(port: int) -> bool:
@@ -124,11 +116,11 @@ def test_make_demo_runs_the_example_jobs_and_sweep_to_the_end_and_ctrl_c_stops_i
 
         # Ctrl-C: `fairgang dev` stops its parts and exits 0, and nothing of the platform is left.
         parts: dict[str, int] = json.loads((tmp_path / "pids.json").read_text())
-        assert {"temporal", "api", "worker", "scheduler"} <= set(parts) and all(_alive(pid) for pid in parts.values()), parts
+        assert {"temporal", "api", "worker", "scheduler"} <= set(parts) and all(pid_alive(pid) for pid in parts.values()), parts
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(90) == 0, output()
         assert "stopping ..." in log.read_text(errors="replace")
-        assert [name for name, pid in parts.items() if _alive(pid)] == [], output()
+        assert [name for name, pid in parts.items() if pid_alive(pid)] == [], output()
         assert [port for port in (api_port, temporal_port, ui_port) if _listening(port)] == []
     finally:
         if proc.poll() is None:

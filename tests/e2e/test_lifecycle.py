@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from activities.launch import pid_alive
 from fairgang.dev import temporal_binary
 from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
 
@@ -112,14 +113,6 @@ def assert_attempts_never_overlap(ticks: Path) -> dict[int, tuple[float, float]]
             f"attempt {earlier} still ran at {spans[earlier][1]:.3f}, after attempt {later} started at {spans[later][0]:.3f}"
         )
     return spans
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_for_file(path: Path, timeout: float = 60) -> str:

@@ -20,9 +20,10 @@ import pytest
 from fairgang.cluster import ClusterConfig
 from store import repo
 from store.db import Database
+from tests.builders import max_overlap
 from tests.conftest import small_cluster
 from tests.e2e.conftest import TERMINAL, Platform
-from tests.e2e.test_sweeps import SWEEP_DONE, count_workflows, max_overlap, submit_sweep, sweep_spec, wait_sweep
+from tests.e2e.test_sweeps import SWEEP_DONE, count_workflows, submit_sweep, sweep_spec, wait_sweep
 
 pytestmark = pytest.mark.e2e
 

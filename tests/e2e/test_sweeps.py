@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from tests.builders import max_overlap
 from tests.e2e.conftest import REPO, Platform
 from tests.e2e.test_lifecycle import log_of, resumed_step, wait_for_checkpoint
 
@@ -84,15 +85,6 @@ def wait_sweep(p: Platform, sweep_id: str, until: Any, timeout: float = 120.0) -
             return sweep
         time.sleep(0.3)
     raise AssertionError(f"sweep {sweep_id} never got there: {json.dumps(sweep, indent=1)[:4000]}\n{p.logs()}")
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    most = now = 0
-    for _, delta in points:
-        now += delta
-        most = max(most, now)
-    return most
 
 
 def count_workflows(p: Platform, query: str) -> int:

@@ -7,30 +7,14 @@ but is no longer held; a node declared lost holds nothing, whatever its late hea
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx
-import pytest
 
-from api.app import create_app
-from api.deps import AppState
-from fairgang.settings import Settings
 from fairgang.spec import JobState
 from store import repo
 from store.db import Database
 from tests.builders import job_spec
 
 NODE = {"Authorization": "Bearer node-token"}
-
-
-@pytest.fixture
-async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
-    app = create_app(settings)
-    app.state.fairgang = AppState(settings=settings, db=seeded)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
-        yield client
 
 
 async def _running_job(db: Database, name: str, gpu: int) -> tuple[str, str]:

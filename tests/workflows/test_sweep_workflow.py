@@ -30,6 +30,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 import workflows.sweep
 from fairgang.dev import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES
+from tests.builders import max_overlap
 from workflows.messages import CancelRequest, JobInput, JobOutcome
 from workflows.sweep import SweepWorkflow
 from workflows.sweep_messages import (
@@ -203,15 +204,6 @@ async def _children_started(client: Client, sweep_id: str) -> list[str]:
     return started
 
 
-def _max_overlap(intervals: list[tuple[float, float]]) -> int:
-    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    most = now = 0
-    for _, delta in points:
-        now += delta
-        most = max(most, now)
-    return most
-
-
 #: 1,000 trials (batches of 100) take a few minutes on a small machine: the suite runs a tenth
 #: of the batches' size by default; FAIRGANG_SWEEP_SCALE_TRIALS=1000 runs the full size.
 SCALE_TRIALS = int(os.environ.get("FAIRGANG_SWEEP_SCALE_TRIALS", "200"))
@@ -244,7 +236,7 @@ async def test_a_large_sweep_runs_in_batches_each_trial_started_once_under_the_c
         assert execution.close_time is not None
         intervals.append((execution.start_time.timestamp(), execution.close_time.timestamp()))
     assert len(intervals) == trials
-    assert _max_overlap(intervals) <= cap
+    assert max_overlap(intervals) <= cap
 
 
 @pytest.mark.parametrize("how", ["signal", "temporal"])
@@ -342,7 +334,7 @@ async def test_trials_held_back_by_the_tenants_job_cap_wait_and_run_one_at_a_tim
     assert await _children_started(env.client, fake.sweep_id) == [fake.job_id(i) for i in range(4)]
     intervals = await _trial_intervals(env.client, fake.sweep_id, 4)
     assert sorted(intervals) == [fake.job_id(i) for i in range(4)]
-    assert _max_overlap(list(intervals.values())) == 1
+    assert max_overlap(list(intervals.values())) == 1
 
 
 async def test_a_trial_refused_at_start_time_ends_there_and_the_sweep_goes_on(env: WorkflowEnvironment) -> None:
