@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.responses import Response
 
-from api import health, insight
+from api import health
 from api.deps import Caller, State, require_node
 from api.schemas import NodeAnswer, NodeHeartbeat, NodeRegistration
 from store import repo
@@ -15,10 +16,14 @@ router = APIRouter(prefix="/v1", tags=["fleet"])
 
 
 @router.get("/fleet")
-async def fleet(state: State, who: Caller) -> dict[str, Any]:
-    """Nodes with their GPUs, and per GPU type and per topology domain: free, used, unhealthy, fragmentation."""
+async def fleet(state: State, who: Caller) -> Any:
+    """Nodes with their GPUs, and per GPU type and per topology domain: free, used, unhealthy, fragmentation.
+
+    From the view cache (``api.views``); ``computed_at`` says when it was computed.
+    """
     del who  # any authenticated caller may see the fleet
-    return await insight.fleet_view(state.db, state.settings)
+    view = await state.views.get("fleet", state.db)
+    return Response(view.body, media_type="application/json", headers=view.headers())
 
 
 @router.post("/nodes/register", response_model=NodeAnswer)
@@ -47,7 +52,6 @@ async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat
     a node declared lost revives none of its allocations).
     """
     require_node(who)
-    accepted, live = await repo.node_heartbeat(state.db, node_id=node_id, boot_id=body.boot_id)
-    faults = await health.apply_reports(state, node_id=node_id, reports=body.gpus) if accepted else {}
+    accepted, live, faults = await health.heartbeat(state, node_id=node_id, boot_id=body.boot_id, reports=body.gpus)
     fence = await repo.report_running(state.db, node_id=node_id, running=body.running, live=live)
     return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults, fence=fence)

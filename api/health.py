@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Query
 from api.deps import AppState, Caller, State, log
 from api.schemas import FaultInjection
 from fairgang import temporal
-from fairgang.health import FAULT_KINDS, Thresholds, assess, parse_xids
+from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, parse_xids
 from fairgang.settings import Settings
 from store import repo
 
@@ -53,67 +53,77 @@ async def move_job(state: AppState, *, job_id: str, attempt: int, node_id: str, 
             log.warning("node-lost signal to %s failed: %s", job_id, err2)
 
 
-async def apply_reports(
-    state: AppState, *, node_id: str, reports: list[dict[str, Any]], now: float | None = None
-) -> dict[int, list[dict[str, Any]]]:
-    """Store each GPU's report, apply the policy, and return the injected faults the agent should simulate."""
+class _Assessment:
+    """The health policy over one heartbeat's reports, run by the store inside the heartbeat's transaction."""
+
+    def __init__(self, reports: list[dict[str, Any]], limits: Thresholds) -> None:
+        self.reports, self.limits = reports, limits
+        #: GPU index -> the injected faults the agent should simulate.
+        self.faults: dict[int, list[dict[str, Any]]] = {}
+        #: GPU index -> the policy's findings on its report.
+        self.findings: dict[int, list[Finding]] = {}
+
+    def __call__(self, gpus: dict[int, repo.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
+        self.faults = {i: list(g.health["injected"]) for i, g in gpus.items() if g.health.get("injected")}
+        writes: dict[int, tuple[dict[str, Any], bool]] = {}
+        for entry in self.reports:
+            gpu = gpus.get(int(entry.get("index", -1)))
+            report = entry.get("health")
+            if gpu is None or not isinstance(report, dict):
+                continue
+            if report.get("simulated") and gpu.index not in self.faults:
+                # A simulated GPU fails only while the store holds an injected fault: a report in flight
+                # while an admin returned the GPU still carries the old fault, and must not take it out again.
+                report = {k: v for k, v in report.items() if k not in ("xid_errors", "ecc_uncorrectable_volatile", "throttle_reasons")}
+            findings, book = assess(report, gpu.health, self.limits)
+            if findings:
+                self.findings[gpu.index] = findings
+            writes[gpu.index] = ({**report, **book}, any(f.severity == "fatal" for f in findings))
+        return writes
+
+
+async def heartbeat(
+    state: AppState, *, node_id: str, boot_id: str, reports: list[dict[str, Any]], now: float | None = None
+) -> tuple[bool, list[str], dict[int, list[dict[str, Any]]]]:
+    """Record a heartbeat with its GPUs' health reports and apply the policy's findings.
+
+    Returns (accepted, the live allocations on the node, the injected faults the agent should simulate).
+    The heartbeat and every GPU's health are one transaction over the node's own rows; only findings
+    (a GPU taken out, a degraded node) cost more: health events, a cordon, job moves.
+    """
     now = time.time() if now is None else now
-    node = next((n for n in await repo.list_nodes(state.db) if n.id == node_id), None)
-    if node is None:
-        return {}
-    gpus = {g.index: g for g in await repo.list_gpus(state.db) if g.node_id == node_id}
-    limits = thresholds(state.settings)
-    faults: dict[int, list[dict[str, Any]]] = {i: list(g.health.get("injected") or []) for i, g in gpus.items() if g.health.get("injected")}
-    live = None
-    for entry in reports:
-        gpu = gpus.get(int(entry.get("index", -1)))
-        report = entry.get("health")
-        if gpu is None or not isinstance(report, dict):
-            continue
-        if report.get("simulated") and gpu.index not in faults:
-            # A simulated GPU fails only while the store holds an injected fault: a report in flight
-            # while an admin returned the GPU still carries the old fault, and must not take it out again.
-            report = {k: v for k, v in report.items() if k not in ("xid_errors", "ecc_uncorrectable_volatile", "throttle_reasons")}
-        findings, book = assess(report, gpu.health, limits)
-        fatal = [f for f in findings if f.severity == "fatal"]
-        stored = {**report, **book, **({"injected": faults[gpu.index]} if gpu.index in faults else {})}
-        going_out = bool(fatal) and gpu.healthy
-        await repo.set_gpu_health(
-            state.db, node_id=node_id, index=gpu.index, health=stored, healthy=False if going_out else None, keep_injected=True
-        )
-        if going_out:
-            why = "; ".join(f.message for f in fatal)
-            log.warning("GPU %s/%d out of service: %s", node_id, gpu.index, why)
-            for f in fatal:
-                await repo.add_health_event(
-                    state.db,
-                    node_id=node_id,
-                    gpu_index=gpu.index,
-                    kind=f.kind,
-                    severity="fatal",
-                    message=f.message,
-                    key=f"{f.kind}-{gpu.index}-{now}",
-                )
-            if live is None:
-                live = await repo.gpu_jobs(state.db, node_id)
-            for job_id, attempt in sorted({(j, a) for (i, j, a) in live if i == gpu.index}):
-                await move_job(state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: GPU {node_id}/{gpu.index} {why}")
+    assessment = _Assessment(reports, thresholds(state.settings))
+    beat = await repo.record_heartbeat(state.db, node_id=node_id, boot_id=boot_id, policy=assessment, now=now)
+    if not beat.accepted:
+        return False, [], {}
+    node_state = beat.state
+    for index in beat.taken_out:
+        fatal = [f for f in assessment.findings.get(index, []) if f.severity == "fatal"]
+        why = "; ".join(f.message for f in fatal)
+        log.warning("GPU %s/%d out of service: %s", node_id, index, why)
+        for f in fatal:
+            await repo.add_health_event(
+                state.db, node_id=node_id, gpu_index=index, kind=f.kind, severity="fatal", message=f.message, key=f"{f.kind}-{index}-{now}"
+            )
+        for job_id, attempt in sorted({(j, a) for (i, j, a) in beat.gpu_jobs if i == index}):
+            await move_job(state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: GPU {node_id}/{index} {why}")
+    for index, findings in sorted(assessment.findings.items()):
         for f in findings:
-            if f.severity == "degraded" and node.state == "READY":
+            if f.severity == "degraded" and node_state == "READY":
                 await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
-                node.state = "CORDONED"
+                node_state = "CORDONED"
                 await repo.add_health_event(
                     state.db,
                     node_id=node_id,
-                    gpu_index=gpu.index,
+                    gpu_index=index,
                     kind=f.kind,
                     severity="degraded",
                     message=f"node cordoned: {f.message}",
                     key=f"{f.kind}-{now}",
                 )
-    if node.state == "CORDONED":
-        await _move_long_jobs_at_checkpoint(state, node_id=node_id, node_gpus=node.gpu_count)
-    return faults
+    if node_state == "CORDONED":
+        await _move_long_jobs_at_checkpoint(state, node_id=node_id, node_gpus=beat.gpu_count)
+    return True, beat.live, assessment.faults
 
 
 async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_gpus: int) -> None:
@@ -139,7 +149,7 @@ def _require_admin(who: repo.Principal) -> None:
 
 
 async def _node(state: AppState, node_id: str) -> Any:
-    node = next((n for n in await repo.list_nodes(state.db) if n.id == node_id), None)
+    node = await repo.get_node(state.db, node_id)
     if node is None:
         raise HTTPException(404, f"no node {node_id}")
     return node
@@ -196,7 +206,7 @@ async def drain(
 async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dict[str, Any]:
     """Put a GPU back in service (and forget its injected faults)."""
     _require_admin(who)
-    gpu = next((g for g in await repo.list_gpus(state.db) if g.node_id == node_id and g.index == index), None)
+    gpu = await repo.get_gpu(state.db, node_id=node_id, index=index)
     if gpu is None:
         raise HTTPException(404, f"no GPU {node_id}/{index}")
     health = {k: v for k, v in gpu.health.items() if k not in ("injected", "xid_errors", "throttled_beats")}
