@@ -25,6 +25,12 @@ SCHEDULING_CYCLE = Histogram(
 SCHEDULING_DECISION = Histogram(
     "fairgang_scheduling_decision_seconds", "The pure decision of one cycle (run_cycle on the snapshot).", buckets=LATENCY_BUCKETS
 )
+SCHEDULING_PHASE = Histogram(
+    "fairgang_scheduling_phase_seconds",
+    "One phase of a placement cycle: snapshot (the store read), core (the decision), commit (the fenced transaction).",
+    ["phase"],
+    buckets=LATENCY_BUCKETS,
+)
 BINDINGS = Counter("fairgang_scheduler_bindings", "Gangs bound to GPUs and committed by the placement service.")
 PREEMPTIONS_ASKED = Counter("fairgang_scheduler_preemptions_asked", "Preemptions the placement service asked for, by reason.", ["reason"])
 PENDING = Gauge("fairgang_scheduler_pending_jobs", "Jobs left waiting by the latest cycle.")

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import socket
 import time
@@ -27,129 +26,15 @@ from temporalio.client import Client
 
 from fairgang import metrics, temporal
 from fairgang.settings import Settings
-from scheduler.core import (
-    Member,
-    NodeView,
-    PendingJob,
-    Preempt,
-    Quota,
-    Reservation,
-    RunningJob,
-    Scheduler,
-    SchedulerConfig,
-    Snapshot,
-    TenantView,
-)
+from scheduler.core import Preempt, Reservation, Scheduler, SchedulerConfig
+from scheduler.snapshot import SnapshotReader, build_snapshot
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
-from store.models import Job
+
+__all__ = ["LEASE_NAME", "CycleReport", "PlacementService", "build_snapshot"]
 
 log = logging.getLogger("fairgang.scheduler")
 LEASE_NAME = "placement"
-
-
-def pending_job_view(job: Job) -> PendingJob:
-    """A queued job row as the core sees it."""
-    topology = job.spec.get("topology") or {}
-    return PendingJob(
-        id=job.id,
-        tenant=job.tenant,
-        attempt=job.attempt,
-        gpu_type=job.gpu_type,
-        gpu_count=job.gpu_count,
-        priority=job.priority,
-        queued_at=job.queued_at,
-        topology_level=topology.get("level", "any"),
-        topology_required=topology.get("mode", "required") == "required",
-        max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
-        preemptible=bool(job.spec.get("preemptible", True)),
-        submitted_at=job.created_at,
-    )
-
-
-async def build_snapshot(
-    db: Database,
-    *,
-    now: float,
-    stale_after_s: float,
-    config: SchedulerConfig | None = None,
-    reservations: tuple[Reservation, ...] = (),
-) -> Snapshot:
-    """Read nodes, healthy free GPUs, queued and running jobs, and tenants into a snapshot.
-
-    ``reservations`` are the previous committed cycle's ``Decisions.reservations`` (the
-    caller keeps them; see docs/scheduler.md). Decayed usage comes from the allocation
-    rows: each allocation's GPUs over its lifetime (to now for live ones), decayed with
-    ``config.usage_half_life_s``; allocations released more than 8 half-lives ago are
-    skipped (they weigh under 0.4%).
-    """
-    config = config or SchedulerConfig()
-    used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
-    healthy: dict[str, set[int]] = {}
-    for gpu in await repo.list_gpus(db):
-        if gpu.healthy:
-            healthy.setdefault(gpu.node_id, set()).add(gpu.index)
-    nodes = []
-    for node in await repo.list_nodes(db):
-        fresh = node.last_heartbeat is not None and now - node.last_heartbeat <= stale_after_s
-        free = frozenset(i for i in healthy.get(node.id, set()) if (node.id, i) not in used and i < node.gpu_count)
-        nodes.append(
-            NodeView(
-                id=node.id,
-                gpu_type=node.gpu_type,
-                gpu_count=node.gpu_count,
-                labels=tuple(sorted(node.labels.items())),
-                free=free,
-                schedulable=node.state == "READY" and fresh,
-            )
-        )
-    pending = tuple(pending_job_view(j) for j in await repo.queued_jobs(db))
-    half_life = config.usage_half_life_s
-    horizon = now - 8 * half_life
-    tenant_rows = await repo.list_tenants(db)
-    alloc_rows = await repo.allocations_with_jobs(db, released_since=horizon)
-    decayed: dict[str, dict[str, float]] = {}
-    running = []
-    for alloc, job in alloc_rows:
-        gpus = sum(len(m["gpu_indices"]) for m in alloc.members)
-        end = now if alloc.released_at is None else min(alloc.released_at, now)
-        start = min(alloc.created_at, end)
-        if half_life > 0 and gpus:
-            weight = half_life / math.log(2) * (2 ** (-(now - end) / half_life) - 2 ** (-(now - start) / half_life))
-            per_type = decayed.setdefault(job.tenant, {})
-            per_type[job.gpu_type] = per_type.get(job.gpu_type, 0.0) + gpus * weight
-        if alloc.state not in repo.LIVE_ALLOCATION_STATES:
-            continue
-        started = job.started_at if job.started_at is not None and job.attempt == alloc.attempt else alloc.created_at
-        running.append(
-            RunningJob(
-                id=job.id,
-                tenant=job.tenant,
-                attempt=alloc.attempt,
-                gpu_type=job.gpu_type,
-                gpu_count=gpus,
-                priority=job.priority,
-                members=tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members),
-                started_at=started,
-                expected_end=started + float(job.spec.get("max_runtime") or 3600.0),
-                last_checkpoint_at=job.latest_checkpoint_at if job.attempt == alloc.attempt else None,
-                preemptible=bool(job.spec.get("preemptible", True)),
-            )
-        )
-    tenants = tuple(
-        TenantView(
-            name=t.name,
-            weight=t.weight,
-            cohort=t.cohort,
-            quotas=tuple(
-                (gpu_type, Quota(nominal=int(q.get("nominal") or 0), borrow_limit=q.get("borrow_limit"), lend_limit=q.get("lend_limit")))
-                for gpu_type, q in sorted(t.quotas.items())
-            ),
-            decayed_usage=tuple(sorted(decayed.get(t.name, {}).items())),
-        )
-        for t in tenant_rows
-    )
-    return Snapshot(nodes=tuple(nodes), pending=pending, tenants=tenants, running=tuple(running), config=config, reservations=reservations)
 
 
 @dataclass
@@ -186,6 +71,8 @@ class PlacementService:
         #: The core, kept across cycles: it decides as ``run_cycle`` does, bringing its working copy of
         #: the fleet up to date instead of building it from the whole snapshot every cycle.
         self.scheduler = Scheduler()
+        #: The store's reader, kept across cycles: it reads each job's and allocation's fixed parts once.
+        self.reader = SnapshotReader()
 
     async def cycle(self, now: float | None = None) -> CycleReport:
         """One scheduling cycle (see the module docstring for its phases), timed into ``fairgang_scheduling_cycle_seconds``."""
@@ -207,13 +94,17 @@ class PlacementService:
         # 1b. Node liveness: silent nodes are declared lost and their jobs told at once.
         await self._declare_lost_nodes(now)
         # 2. Snapshot, 3. decide.
-        snapshot = await build_snapshot(
+        read = time.perf_counter()
+        snapshot = await self.reader.read(
             self.db, now=now, stale_after_s=self.settings.node_stale_after_s, config=self.config, reservations=self.reservations
         )
         snapshot = dataclasses.replace(snapshot, topology_levels=self.topology_levels)
         decided = time.perf_counter()
+        metrics.SCHEDULING_PHASE.labels(phase="snapshot").observe(decided - read)
         decisions = self.scheduler.run_cycle(snapshot, now)
-        metrics.SCHEDULING_DECISION.observe(time.perf_counter() - decided)
+        committing = time.perf_counter()
+        metrics.SCHEDULING_DECISION.observe(committing - decided)
+        metrics.SCHEDULING_PHASE.labels(phase="core").observe(committing - decided)
         # 4. Commit, fenced by the epoch.
         rows = [
             repo.BindingRow(
@@ -223,13 +114,16 @@ class PlacementService:
             )
             for b in decisions.binds
         ]
+        stored = self.reader.pending_reasons
+        changed = {job_id: reason for job_id, reason in decisions.pending_reasons.items() if stored.get(job_id) != reason}
         try:
             allocations = await repo.commit_bindings(
-                self.db, bindings=rows, pending_reasons=decisions.pending_reasons, lease_name=LEASE_NAME, epoch=epoch, now=now
+                self.db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now
             )
         except repo.LeaseLost as err:
             log.warning("%s", err)
             return CycleReport(leader=False)
+        metrics.SCHEDULING_PHASE.labels(phase="commit").observe(time.perf_counter() - committing)
         self.reservations = decisions.reservations
         # 5. Tell the workflows: bindings, then preemptions (victims checkpoint and stop; their GPUs are nominated).
         await self._signal(allocations)

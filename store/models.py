@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, UniqueConstraint, text
+from sqlalchemy import JSON, Column, Float, Index, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 
@@ -64,6 +64,12 @@ class Job(SQLModel, table=True):
         UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
         Index("ix_job_state", "state"),
         Index("ix_job_tenant_state", "tenant", "state"),
+        Index(
+            "ix_job_without_workflow",
+            "created_at",
+            sqlite_where=text("NOT workflow_started"),
+            postgresql_where=text("NOT workflow_started"),
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=40)
@@ -241,3 +247,25 @@ class HealthEvent(SQLModel, table=True):
     message: str = Field(default="", max_length=2048)
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     dedupe_key: str = Field(max_length=160)
+
+
+class UsageLedger(SQLModel, table=True):
+    """A decayed-usage ledger kept for one half-life (see store/usage.py); ``ref_t`` anchors its sums."""
+
+    __tablename__ = "usage_ledger"
+
+    half_life_s: float = Field(sa_column=Column(Float, primary_key=True, autoincrement=False))
+    ref_t: float
+
+
+class UsageAccount(SQLModel, table=True):
+    """One tenant's running sums for one GPU type in one ledger (see store/usage.py)."""
+
+    __tablename__ = "usage_account"
+
+    half_life_s: float = Field(sa_column=Column(Float, primary_key=True))
+    tenant: str = Field(primary_key=True, max_length=64)
+    gpu_type: str = Field(primary_key=True, max_length=64)
+    closed: float = 0.0
+    live_start: float = 0.0
+    live_gpus: int = 0

@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import bindparam, func, not_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import TERMINAL_STATES, JobSpec, JobState
+from store import usage
 from store.db import Database, bump_change_feed
 from store.models import (
     Allocation,
@@ -261,7 +262,7 @@ async def jobs_without_workflow(db: Database, *, older_than: float) -> Sequence[
     """Jobs whose workflow start may have been lost (the API died in between)."""
     async with db.sessions() as session:
         query = select(Job).where(
-            col(Job.workflow_started) == False,  # noqa: E712
+            not_(col(Job.workflow_started)),  # matches the partial index ix_job_without_workflow
             col(Job.state).not_in(TERMINAL),
             col(Job.created_at) < older_than,
         )
@@ -292,9 +293,16 @@ async def _release_live(session: AsyncSession, job_id: str, now: float, *, only:
     if only is not None:
         query = query.where(col(Allocation.id) == only)
     released = []
+    owner: tuple[str, str] | None = None
     for alloc in (await session.execute(query)).scalars().all():
         alloc.state, alloc.released_at = "RELEASED", now
         await session.execute(update(AllocationGpu).where(col(AllocationGpu.allocation_id) == alloc.id).values(live=False))
+        if owner is None:
+            row = (await session.execute(select(col(Job.tenant), col(Job.gpu_type)).where(col(Job.id) == job_id))).one()
+            owner = (row[0], row[1])
+        await usage.allocation_released(
+            session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(alloc.members), start=alloc.created_at, end=now
+        )
         released.append(alloc.id)
     if released:
         await bump_change_feed(session)
@@ -636,7 +644,9 @@ async def commit_bindings(
 
     Each binding is a compare-and-set on the job (still QUEUED at that attempt) plus one
     ``allocation_gpu`` row per GPU; a binding that lost a race (job cancelled, GPU taken)
-    is skipped through a savepoint and the rest commit.
+    is skipped through a savepoint and the rest commit. Each binding's GPUs start counting in the
+    usage ledgers (store/usage.py) in the same transaction. ``pending_reasons`` are written in one
+    statement to the jobs still queued: pass only those that changed.
 
     Raises:
         LeaseLost: when ``epoch`` is no longer the lease's epoch.
@@ -658,12 +668,17 @@ async def commit_bindings(
             )
             try:
                 async with session.begin_nested():
-                    result = await session.execute(
-                        update(Job)
-                        .where(col(Job.id) == binding.job_id, col(Job.state) == JobState.QUEUED.value, col(Job.attempt) == binding.attempt)
-                        .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
-                    )
-                    if getattr(result, "rowcount", 0) != 1:
+                    owner = (
+                        await session.execute(
+                            update(Job)
+                            .where(
+                                col(Job.id) == binding.job_id, col(Job.state) == JobState.QUEUED.value, col(Job.attempt) == binding.attempt
+                            )
+                            .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
+                            .returning(col(Job.tenant), col(Job.gpu_type))
+                        )
+                    ).first()
+                    if owner is None:
                         raise _SkipBinding
                     session.add(alloc)
                     await session.flush()
@@ -671,6 +686,9 @@ async def commit_bindings(
                         for index in member["gpu_indices"]:
                             session.add(AllocationGpu(allocation_id=alloc.id, node_id=member["node_id"], gpu_index=index))
                     await session.flush()
+                    await usage.allocation_started(
+                        session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(binding.members), start=now
+                    )
                     nodes = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in binding.members)
                     session.add(
                         _event(
@@ -687,11 +705,14 @@ async def commit_bindings(
                 committed.append(alloc)
             except (_SkipBinding, IntegrityError):
                 continue
-        for job_id, reason in sorted(pending_reasons.items()):
+        if pending_reasons:
+            # One statement for all of them; the caller passes only the reasons that changed.
+            table = Job.__table__  # type: ignore[attr-defined]
             await session.execute(
-                update(Job)
-                .where(col(Job.id) == job_id, col(Job.state) == JobState.QUEUED.value, col(Job.pending_reason) != reason)
-                .values(pending_reason=reason)
+                update(table)
+                .where(table.c.id == bindparam("job"), table.c.state == JobState.QUEUED.value)
+                .values(pending_reason=bindparam("reason")),
+                [{"job": job_id, "reason": reason} for job_id, reason in sorted(pending_reasons.items())],
             )
     return committed
 
@@ -1075,15 +1096,3 @@ async def degraded_since(db: Database, node_id: str) -> float | None:
         )
         event = (await session.execute(query)).scalars().first()
     return event.ts if event is not None and event.severity == "degraded" else None
-
-
-async def allocations_with_jobs(db: Database, *, released_since: float) -> Sequence[tuple[Allocation, Job]]:
-    """Live allocations, and those released since ``released_since``, each with its job (by allocation id)."""
-    async with db.sessions() as session:
-        query = (
-            select(Allocation, Job)
-            .join(Job, col(Job.id) == col(Allocation.job_id))
-            .where(or_(col(Allocation.state).in_(LIVE_ALLOCATION_STATES), col(Allocation.released_at) >= released_since))
-            .order_by(col(Allocation.id))
-        )
-        return [(alloc, job) for alloc, job in (await session.execute(query)).all()]

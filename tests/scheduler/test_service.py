@@ -19,7 +19,6 @@ from fairgang import temporal
 from fairgang.dev import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings
 from fairgang.spec import JobState
-from scheduler import service as service_module
 from scheduler.service import LEASE_NAME, PlacementService
 from store import repo
 from store.db import Database
@@ -250,15 +249,15 @@ async def test_bindings_are_committed_before_their_signal_and_a_lost_lease_signa
     # Another placement service takes the lease over while this one decides: its commit is refused, so nothing is signalled.
     other, _ = await repo.create_job(seeded, spec=job_spec(name="fenced"), tenant="alpha")
     await repo.mark_queued(seeded, job_id=other.id, attempt=1)
-    real_snapshot = service_module.build_snapshot
+    real_read = service.reader.read
 
     async def snapshot_then_lose_the_lease(*args: Any, **kwargs: Any) -> Any:
-        snapshot = await real_snapshot(*args, **kwargs)
+        snapshot = await real_read(*args, **kwargs)
         later = time.time() + 10 * service.lease_ttl_s
         assert await repo.acquire_lease(seeded, name=LEASE_NAME, holder="usurper", ttl_s=service.lease_ttl_s, now=later) is not None
         return snapshot
 
-    monkeypatch.setattr(service_module, "build_snapshot", snapshot_then_lose_the_lease)
+    monkeypatch.setattr(service.reader, "read", snapshot_then_lose_the_lease)
     report = await service.cycle()
     assert not report.leader and report.bound == 0
     assert len(client.signals) == 1 and await repo.job_allocations(seeded, other.id) == []

@@ -1,0 +1,216 @@
+"""The store as the core sees it: a :class:`~scheduler.core.Snapshot`, read cheaply every cycle.
+
+A :class:`SnapshotReader` lives as long as the placement service. Each read is a handful of
+plain column selects over the queued jobs, the live allocations, the nodes and GPUs
+(store/snapshot.py); decayed usage comes from the usage ledger (store/usage.py), never from
+the history. What never changes once written is read once and kept: a job's spec-derived
+fields, an allocation's members. Views that did not change are the very objects of the
+previous read, so the core's diff (``Scheduler.run_cycle``) costs what changed.
+
+A fresh reader gives the same snapshot as a long-lived one (tests/scheduler/test_snapshot_incremental.py
+drives both through the same changes, with usage integrated from every allocation row as the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView
+from store import snapshot as rows_of
+from store import usage
+from store.db import Database
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """A job's fixed parts from its spec."""
+
+    topology_level: str
+    topology_required: bool
+    max_runtime_s: float
+    preemptible: bool
+
+
+def job_facts(spec: dict[str, Any]) -> JobFacts:
+    topology = spec.get("topology") or {}
+    return JobFacts(
+        topology_level=topology.get("level", "any"),
+        topology_required=topology.get("mode", "required") == "required",
+        max_runtime_s=float(spec.get("max_runtime") or 3600.0),
+        preemptible=bool(spec.get("preemptible", True)),
+    )
+
+
+def quota_of(q: dict[str, Any]) -> Quota:
+    return Quota(nominal=int(q.get("nominal") or 0), borrow_limit=q.get("borrow_limit"), lend_limit=q.get("lend_limit"))
+
+
+class SnapshotReader:
+    """Reads snapshots; keeps fixed facts and unchanged views between reads."""
+
+    def __init__(self) -> None:
+        self._facts: dict[str, JobFacts] = {}
+        self._members: dict[str, tuple[Member, ...]] = {}
+        self._nodes: dict[str, NodeView] = {}
+        self._pending: dict[str, PendingJob] = {}
+        self._running: dict[str, RunningJob] = {}
+        self._tenants: dict[str, TenantView] = {}
+        #: Job id -> the pending reason stored with it at the last read (to write only the ones that change).
+        self.pending_reasons: dict[str, str | None] = {}
+
+    async def read(
+        self,
+        db: Database,
+        *,
+        now: float,
+        stale_after_s: float,
+        config: SchedulerConfig,
+        reservations: tuple[Reservation, ...] = (),
+        decayed: dict[str, dict[str, float]] | None = None,
+    ) -> Snapshot:
+        """The store as of now. ``decayed`` replaces the ledger's usage (the tests' from-history reference)."""
+        if decayed is None:
+            decayed = await usage.usage(db, half_life=config.usage_half_life_s, now=now)
+        async with db.sessions() as session:
+            rows = await rows_of.read_rows(session)
+            need = {r[0] for r in rows.queued} | {r[1] for r in rows.live}
+            missing = [job_id for job_id in need if job_id not in self._facts]
+            if missing:
+                for job_id, spec in (await rows_of.job_specs(session, missing)).items():
+                    self._facts[job_id] = job_facts(spec)
+            new_allocs = [r[0] for r in rows.live if r[0] not in self._members]
+            if new_allocs:
+                for alloc_id, members in (await rows_of.allocation_members(session, new_allocs)).items():
+                    self._members[alloc_id] = tuple(
+                        Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in members
+                    )
+        self._facts = {k: v for k, v in self._facts.items() if k in need}
+        self._members = {r[0]: self._members[r[0]] for r in rows.live}
+        return Snapshot(
+            nodes=self._node_views(rows, now, stale_after_s),
+            pending=self._pending_views(rows),
+            tenants=self._tenant_views(rows, decayed),
+            running=self._running_views(rows),
+            config=config,
+            reservations=reservations,
+        )
+
+    def _node_views(self, rows: rows_of.Rows, now: float, stale_after_s: float) -> tuple[NodeView, ...]:
+        healthy: dict[str, set[int]] = {}
+        for node_id, index in rows.healthy:
+            healthy.setdefault(node_id, set()).add(index)
+        for node_id, index in rows.held:
+            bucket = healthy.get(node_id)
+            if bucket is not None:
+                bucket.discard(index)
+        views = []
+        old = self._nodes
+        self._nodes = {}
+        for node_id, gpu_type, gpu_count, labels, state, last_heartbeat in rows.nodes:
+            fresh = last_heartbeat is not None and now - last_heartbeat <= stale_after_s
+            free = frozenset(i for i in healthy.get(node_id, ()) if i < gpu_count)
+            view = NodeView(
+                id=node_id,
+                gpu_type=gpu_type,
+                gpu_count=gpu_count,
+                labels=tuple(sorted(labels.items())),
+                free=free,
+                schedulable=state == "READY" and fresh,
+            )
+            previous = old.get(node_id)
+            if previous is not None and previous == view:
+                view = previous
+            self._nodes[node_id] = view
+            views.append(view)
+        return tuple(views)
+
+    def _pending_views(self, rows: rows_of.Rows) -> tuple[PendingJob, ...]:
+        views = []
+        old = self._pending
+        self._pending = {}
+        self.pending_reasons = {}
+        for job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason in rows.queued:
+            facts = self._facts[job_id]
+            view = PendingJob(
+                id=job_id,
+                tenant=tenant,
+                attempt=attempt,
+                gpu_type=gpu_type,
+                gpu_count=gpu_count,
+                priority=priority,
+                queued_at=queued_at,
+                topology_level=facts.topology_level,
+                topology_required=facts.topology_required,
+                max_runtime_s=facts.max_runtime_s,
+                preemptible=facts.preemptible,
+                submitted_at=created_at,
+            )
+            previous = old.get(job_id)
+            if previous is not None and previous == view:
+                view = previous
+            self._pending[job_id] = view
+            self.pending_reasons[job_id] = reason
+            views.append(view)
+        return tuple(views)
+
+    def _running_views(self, rows: rows_of.Rows) -> tuple[RunningJob, ...]:
+        views = []
+        old = self._running
+        self._running = {}
+        for alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at in rows.live:
+            members = self._members[alloc_id]
+            facts = self._facts[job_id]
+            started = started_at if started_at is not None and job_attempt == attempt else created_at
+            view = RunningJob(
+                id=job_id,
+                tenant=tenant,
+                attempt=attempt,
+                gpu_type=gpu_type,
+                gpu_count=sum(len(m.gpu_indices) for m in members),
+                priority=priority,
+                members=members,
+                started_at=started,
+                expected_end=started + facts.max_runtime_s,
+                last_checkpoint_at=checkpoint_at if job_attempt == attempt else None,
+                preemptible=facts.preemptible,
+            )
+            previous = old.get(alloc_id)
+            if previous is not None and previous == view:
+                view = previous
+            self._running[alloc_id] = view
+            views.append(view)
+        return tuple(views)
+
+    def _tenant_views(self, rows: rows_of.Rows, decayed: dict[str, dict[str, float]]) -> tuple[TenantView, ...]:
+        views = []
+        old = self._tenants
+        self._tenants = {}
+        for name, weight, cohort, quotas in rows.tenants:
+            view = TenantView(
+                name=name,
+                weight=weight,
+                cohort=cohort,
+                quotas=tuple((gpu_type, quota_of(q)) for gpu_type, q in sorted(quotas.items())),
+                decayed_usage=tuple(sorted((t, v) for t, v in decayed.get(name, {}).items() if v > 0.0)),
+            )
+            previous = old.get(name)
+            if previous is not None and previous == view:
+                view = previous
+            self._tenants[name] = view
+            views.append(view)
+        return tuple(views)
+
+
+async def build_snapshot(
+    db: Database,
+    *,
+    now: float,
+    stale_after_s: float,
+    config: SchedulerConfig | None = None,
+    reservations: tuple[Reservation, ...] = (),
+) -> Snapshot:
+    """One snapshot from scratch (a fresh reader): for callers that read now and then (the API's views)."""
+    return await SnapshotReader().read(
+        db, now=now, stale_after_s=stale_after_s, config=config or SchedulerConfig(), reservations=reservations
+    )

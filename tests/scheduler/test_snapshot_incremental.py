@@ -1,0 +1,249 @@
+"""The placement service's long-lived snapshot path decides exactly as a snapshot built from scratch.
+
+From scratch is the way the service used to build every cycle's snapshot: every row as an ORM object
+and decayed usage integrated from every allocation row.
+
+Random walks over a real store (SQLite and PostgreSQL) through the store's own functions: arrivals,
+binds (committed as the service commits them), runs, checkpoints, ends, requeues, GPU faults and
+returns, cordons, quota and weight changes, time passing (the usage ledger re-anchors), and restarts of
+the service (a new reader and core). At every cycle the long-lived reader and core, and the from-scratch build with a fresh core,
+must give equal snapshots
+(usage to rounding) and equal decisions; and the ledger must equal the integral.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from sqlalchemy import select
+from sqlmodel import col
+
+from fairgang.cluster import ClusterConfig
+from fairgang.spec import JobState
+from scheduler.core import Member, NodeView, PendingJob, Quota, RunningJob, Scheduler, SchedulerConfig, Snapshot, TenantView
+from scheduler.snapshot import SnapshotReader
+from store import repo, usage
+from store.db import Database
+from store.models import Allocation, Job
+from tests.builders import job_spec
+from tests.conftest import small_cluster
+
+HALF_LIFE = 600.0
+CONFIG = SchedulerConfig(usage_half_life_s=HALF_LIFE, min_runtime_before_preempt_s=60.0)
+STALE = 1e12
+
+
+async def _from_scratch(db: Database, *, now: float, stale_after_s: float, config: SchedulerConfig) -> Snapshot:
+    """The snapshot as the placement service used to build it every cycle: every row as an ORM object, usage
+    integrated from every allocation (here without the old 8-half-life horizon, which the ledger does not have)."""
+    used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
+    healthy: dict[str, set[int]] = {}
+    for gpu in await repo.list_gpus(db):
+        if gpu.healthy:
+            healthy.setdefault(gpu.node_id, set()).add(gpu.index)
+    nodes = []
+    for node in await repo.list_nodes(db):
+        fresh = node.last_heartbeat is not None and now - node.last_heartbeat <= stale_after_s
+        free = frozenset(i for i in healthy.get(node.id, set()) if (node.id, i) not in used and i < node.gpu_count)
+        labels = tuple(sorted(node.labels.items()))
+        schedulable = node.state == "READY" and fresh
+        nodes.append(
+            NodeView(id=node.id, gpu_type=node.gpu_type, gpu_count=node.gpu_count, labels=labels, free=free, schedulable=schedulable)
+        )
+    pending = []
+    for job in await repo.queued_jobs(db):
+        topology = job.spec.get("topology") or {}
+        pending.append(
+            PendingJob(
+                id=job.id,
+                tenant=job.tenant,
+                attempt=job.attempt,
+                gpu_type=job.gpu_type,
+                gpu_count=job.gpu_count,
+                priority=job.priority,
+                queued_at=job.queued_at,
+                topology_level=topology.get("level", "any"),
+                topology_required=topology.get("mode", "required") == "required",
+                max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
+                preemptible=bool(job.spec.get("preemptible", True)),
+                submitted_at=job.created_at,
+            )
+        )
+    async with db.sessions() as session:
+        query = select(Allocation, Job).join(Job, col(Job.id) == col(Allocation.job_id)).order_by(col(Allocation.id))
+        alloc_rows = (await session.execute(query)).all()
+    decayed: dict[str, dict[str, float]] = {}
+    running = []
+    half_life = config.usage_half_life_s
+    for alloc, job in alloc_rows:
+        gpus = sum(len(m["gpu_indices"]) for m in alloc.members)
+        end = now if alloc.released_at is None else min(alloc.released_at, now)
+        start = min(alloc.created_at, end)
+        weight = half_life / math.log(2) * (2 ** (-(now - end) / half_life) - 2 ** (-(now - start) / half_life))
+        if gpus and weight > 0:
+            per_type = decayed.setdefault(job.tenant, {})
+            per_type[job.gpu_type] = per_type.get(job.gpu_type, 0.0) + gpus * weight
+        if alloc.state not in repo.LIVE_ALLOCATION_STATES:
+            continue
+        started = job.started_at if job.started_at is not None and job.attempt == alloc.attempt else alloc.created_at
+        members = tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members)
+        running.append(
+            RunningJob(
+                id=job.id,
+                tenant=job.tenant,
+                attempt=alloc.attempt,
+                gpu_type=job.gpu_type,
+                gpu_count=gpus,
+                priority=job.priority,
+                members=members,
+                started_at=started,
+                expected_end=started + float(job.spec.get("max_runtime") or 3600.0),
+                last_checkpoint_at=job.latest_checkpoint_at if job.attempt == alloc.attempt else None,
+                preemptible=bool(job.spec.get("preemptible", True)),
+            )
+        )
+    tenants = tuple(
+        TenantView(
+            name=t.name,
+            weight=t.weight,
+            cohort=t.cohort,
+            quotas=tuple(
+                (gpu_type, Quota(nominal=int(q.get("nominal") or 0), borrow_limit=q.get("borrow_limit"), lend_limit=q.get("lend_limit")))
+                for gpu_type, q in sorted(t.quotas.items())
+            ),
+            decayed_usage=tuple(sorted(decayed.get(t.name, {}).items())),
+        )
+        for t in await repo.list_tenants(db)
+    )
+    return Snapshot(nodes=tuple(nodes), pending=tuple(pending), tenants=tenants, running=tuple(running), config=config)
+
+
+def _without_usage(snapshot: Snapshot) -> Snapshot:
+    return dataclasses.replace(snapshot, tenants=tuple(dataclasses.replace(t, decayed_usage=()) for t in snapshot.tenants))
+
+
+def _assert_usage_close(a: Snapshot, b: Snapshot) -> None:
+    for ta, tb in zip(a.tenants, b.tenants, strict=True):
+        da, db_ = dict(ta.decayed_usage), dict(tb.decayed_usage)
+        for gpu_type in set(da) | set(db_):
+            assert math.isclose(da.get(gpu_type, 0.0), db_.get(gpu_type, 0.0), rel_tol=1e-9, abs_tol=1e-6), (ta.name, gpu_type)
+
+
+def _changed_cluster(rng: random.Random) -> ClusterConfig:
+    raw = small_cluster().model_dump(mode="json")
+    for tenant in raw["tenants"]:
+        tenant["weight"] = rng.choice([0.5, 1.0, 2.0])
+        tenant["quotas"]["H100-80GB"]["nominal"] = rng.choice([0, 4, 8, 12])
+        tenant["max_runtime"] = int(tenant["max_runtime"])
+    return ClusterConfig.model_validate(raw)
+
+
+async def _walk(db: Database, seed: int, steps: int) -> int:
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    for node_id, gpu_type, count in (("h1", "H100-80GB", 8), ("h2", "H100-80GB", 8), ("g1", "L40S", 4)):
+        await repo.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[], now=now)
+    reader, core = SnapshotReader(), Scheduler()
+    compared = 0
+    serial = 0
+    for _ in range(steps):
+        action = rng.choices(
+            ["arrive", "cycle", "run", "checkpoint", "end", "requeue", "fault", "cordon", "quota", "restart", "wait"],
+            weights=[5, 6, 3, 2, 3, 1, 1, 1, 1, 1, 2],
+        )[0]
+        now += rng.uniform(1.0, 3 * HALF_LIFE if action == "wait" else 120.0)
+        if action == "arrive":
+            for _ in range(rng.randint(1, 3)):
+                serial += 1
+                gpu_type, counts = rng.choice([("H100-80GB", [1, 2, 4, 8, 16]), ("L40S", [1, 2, 4])])
+                spec = job_spec(
+                    name=f"j{serial}",
+                    gpu_type=gpu_type,
+                    gpu_count=rng.choice(counts),
+                    priority_class=rng.choice(["low", "normal", "high"]),
+                    max_runtime=rng.choice(["10m", "1h", "4h"]),
+                    preemptible=rng.random() < 0.8,
+                )
+                job, _ = await repo.create_job(db, spec=spec, tenant=rng.choice(["alpha", "beta"]), now=now)
+                await repo.mark_queued(db, job_id=job.id, attempt=1, now=now)
+        elif action == "cycle":
+            kept = await reader.read(db, now=now, stale_after_s=STALE, config=CONFIG)
+            fresh = await _from_scratch(db, now=now, stale_after_s=STALE, config=CONFIG)
+            assert _without_usage(kept) == _without_usage(fresh)
+            _assert_usage_close(kept, fresh)
+            decided = core.run_cycle(kept, now)
+            assert decided == Scheduler().run_cycle(fresh, now)
+            compared += 1
+            epoch = await repo.acquire_lease(db, name="placement", holder="walk", ttl_s=1e9, now=now)
+            assert epoch is not None
+            rows = [
+                repo.BindingRow(
+                    job_id=b.job_id,
+                    attempt=b.attempt,
+                    members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
+                )
+                for b in decided.binds
+            ]
+            changed = {k: v for k, v in decided.pending_reasons.items() if reader.pending_reasons.get(k) != v}
+            await repo.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name="placement", epoch=epoch, now=now)
+        else:
+            running = [j for j in await repo.list_jobs(db, limit=1000) if j.state in ("PLACED", "RUNNING")]
+            if action == "run" and running:
+                job = rng.choice(running)
+                await repo.record_transition(
+                    db, job_id=job.id, attempt=job.attempt, state=JobState.RUNNING, event_key=f"r{job.attempt}", now=now
+                )
+            elif action == "checkpoint" and running:
+                job = rng.choice(running)
+                await repo.set_latest_checkpoint(db, job_id=job.id, checkpoint=f"/ckpt/{job.id}/{now}", now=now)
+            elif action == "end" and running:
+                job = rng.choice(running)
+                state = rng.choice([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
+                await repo.record_transition(db, job_id=job.id, attempt=job.attempt, state=state, event_key="end", now=now)
+            elif action == "requeue" and running:
+                job = rng.choice(running)
+                await repo.requeue_job(db, job_id=job.id, from_attempt=job.attempt, reason="preempted: walk", now=now)
+            elif action == "fault":
+                node_id = rng.choice(["h1", "h2", "g1"])
+                await repo.set_gpu_health(db, node_id=node_id, index=rng.randrange(4), healthy=rng.random() < 0.5)
+            elif action == "cordon":
+                await repo.set_node_state(db, node_id=rng.choice(["h1", "h2", "g1"]), state=rng.choice(["CORDONED", "READY"]))
+            elif action == "quota":
+                await repo.seed_cluster(db, _changed_cluster(rng), now=now)
+            elif action == "restart":
+                reader, core = SnapshotReader(), Scheduler()
+        # The ledger equals the integral over every allocation at any moment.
+        await _assert_ledger_is_the_integral(db, HALF_LIFE, now)
+    return compared
+
+
+async def _assert_ledger_is_the_integral(db: Database, half_life: float, now: float) -> None:
+    ledger = await usage.usage(db, half_life=half_life, now=now)
+    history = await usage.from_history(db, half_life=half_life, now=now)
+    for tenant in set(ledger) | set(history):
+        for gpu_type in set(ledger.get(tenant, {})) | set(history.get(tenant, {})):
+            a, b = ledger.get(tenant, {}).get(gpu_type, 0.0), history.get(tenant, {}).get(gpu_type, 0.0)
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6), (tenant, gpu_type, a, b)
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_the_long_lived_snapshot_path_decides_as_one_built_from_scratch(
+    seeded: Database, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(usage, "REANCHOR_AFTER_HALF_LIVES", 4.0)  # re-anchor often, so the walk crosses many
+    compared = await _walk(seeded, seed, steps=80)
+    assert compared >= 10
+
+
+async def test_a_ledger_built_late_from_the_history_equals_the_integral(seeded: Database) -> None:
+    """A half-life first asked for after allocations came and went is built from the rows, then kept."""
+    await _walk(seeded, 7, steps=30)
+    later = 1_000_000.0 + 40 * HALF_LIFE
+    assert await usage.from_history(seeded, half_life=3600.0, now=later), "the walk made no usage to compare"
+    for half_life in (300.0, 3600.0):
+        await _assert_ledger_is_the_integral(seeded, half_life, later)
+    await usage.rebuild(seeded, now=later)
+    await _assert_ledger_is_the_integral(seeded, 300.0, later + 1)
