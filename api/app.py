@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +14,7 @@ from sqlalchemy import text
 
 from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants
 from api.deps import AppState, State
+from api.views import ViewUnavailable
 from fairgang import __version__
 from fairgang.settings import Settings
 from store.db import Database
@@ -28,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await asyncio.to_thread(app.state.fairgang.views.close)
             await db.dispose()
 
     app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan)
@@ -43,6 +46,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
         problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()]
         return JSONResponse({"detail": {"error": "invalid request", "problems": problems}}, status_code=422)
+
+    @app.exception_handler(ViewUnavailable)
+    async def _not_yet(_request: Request, err: ViewUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "5"})
 
     @app.get("/healthz", tags=["health"])
     async def healthz(state: State) -> dict[str, Any]:

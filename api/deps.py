@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
+from api.views import ViewCache
 from fairgang import temporal
 from fairgang.settings import Settings
 from store import repo
@@ -25,6 +26,11 @@ class AppState:
     db: Database
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The heavy views of this process (fleet, tenants, queue, metrics), computed by its refresher.
+    views: ViewCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.views = ViewCache(self.settings, self.db.url)
 
     async def temporal(self) -> Client | None:
         """The Temporal client, connected on first use; None while Temporal is unreachable."""

@@ -1,18 +1,20 @@
 """What the API shows about the fleet, the queue and the tenants (SPEC R7), read from the store.
 
 The same views feed ``/v1/fleet``, ``/v1/queue``, ``/v1/tenants``, ``/metrics`` and the
-dashboard, so that they always agree. Queue-wait estimates (R7.2) come from
+dashboard, so that they always agree; the API answers them from ``api.views`` (computed by a
+background refresher, cached with the time they were computed). Queue-wait estimates (R7.2) come from
 ``simulator.estimate``: a forward simulation of the current queue with the production
 core (one ``Scheduler`` across the forward steps) and expected run times learned per tenant and job name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import statistics
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fairgang.settings import Settings
@@ -26,8 +28,6 @@ from store.db import Database
 
 #: How many of a (tenant, job name)'s latest successful runs its expected run time is learned from.
 HISTORY_PER_KEY = 20
-#: Estimates are recomputed when the queue or the capacity changes, and at least this often.
-ESTIMATE_TTL_S = 10.0
 #: The forward simulation's grid (seconds between two policy calls) and its limits.
 ESTIMATE_STEP_S = 30.0
 ESTIMATE_MAX_STEPS = 400
@@ -72,17 +72,6 @@ class QueueView:
     position: dict[str, int]
     #: Job id -> predicted start (UNIX seconds); absent: not within the estimator's horizon.
     estimated_start: dict[str, float]
-    computed_at: float
-
-
-@dataclass
-class _Cache:
-    key: tuple[str, int] | None = None
-    view: QueueView | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-_cache = _Cache()
 
 
 async def snapshot_now(db: Database, settings: Settings, now: float) -> Snapshot:
@@ -91,37 +80,41 @@ async def snapshot_now(db: Database, settings: Settings, now: float) -> Snapshot
     return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
 
 
-async def queue_view(db: Database, settings: Settings, *, now: float | None = None) -> QueueView:
-    """Positions and estimated starts of every waiting job (cached until the queue changes or ``ESTIMATE_TTL_S``)."""
+async def queue_view(db: Database, settings: Settings, *, now: float | None = None, snapshot: Snapshot | None = None) -> QueueView:
+    """Positions and estimated starts of every waiting job (the forward simulation runs in a worker thread).
+
+    Uncached: the API answers from ``api.views``, which calls this in its refresher.
+    """
     now = time.time() if now is None else now
-    key = (db.url, await repo.change_version(db))
-    cached = _cache.view
-    if cached is not None and _cache.key == key and now - cached.computed_at < ESTIMATE_TTL_S:
-        return cached
-    snapshot = await snapshot_now(db, settings, now)
-    jobs = await repo.jobs_by_ids(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
-    names = {job_id: (job.tenant, job.name) for job_id, job in jobs.items()}
+    snapshot = snapshot or await snapshot_now(db, settings, now)
+    names = await repo.job_names(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
     learned = learned_runtimes(await repo.finished_runtimes(db))
+    return await asyncio.to_thread(estimate_queue, snapshot, names, learned, now)
+
+
+def estimate_queue(snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float) -> QueueView:
+    """The queue's order and the forward simulation's predicted starts (pure; CPU-heavy at scale)."""
     snapshot = with_expected_runtimes(snapshot, names, learned)
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
     # One Scheduler across the forward steps: each step changes a few jobs, not the fleet.
     estimates = queue_estimates(snapshot, now, Scheduler().run_cycle, step_s=ESTIMATE_STEP_S, max_steps=ESTIMATE_MAX_STEPS)
-    view = QueueView(
-        position=position,
-        estimated_start={e.job_id: max(e.start_at, now) for e in estimates if e.start_at is not None},
-        computed_at=now,
-    )
-    _cache.key, _cache.view = key, view
-    return view
+    return QueueView(position=position, estimated_start={e.job_id: max(e.start_at, now) for e in estimates if e.start_at is not None})
 
 
 # ---------------------------------------------------------------- tenants
 
 
-async def tenant_usage(db: Database, settings: Settings, *, now: float | None = None) -> list[dict[str, Any]]:
+async def tenant_usage(
+    db: Database, settings: Settings, *, now: float | None = None, snapshot: Snapshot | None = None
+) -> list[dict[str, Any]]:
     """Per tenant: weight, cohort, per-type quota with used and borrowed GPUs, dominant share, running and waiting jobs."""
     now = time.time() if now is None else now
-    snapshot = await snapshot_now(db, settings, now)
+    snapshot = snapshot or await snapshot_now(db, settings, now)
+    return tenant_usage_of(snapshot, settings, now)
+
+
+def tenant_usage_of(snapshot: Snapshot, settings: Settings, now: float) -> list[dict[str, Any]]:
+    """``tenant_usage`` of a snapshot (pure)."""
     cycle = build_cycle(snapshot, now)
     half_life = settings.usage_half_life_s
     waiting: dict[str, list[str]] = {}

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Query
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.launch import log_path
-from api import insight
 from api.deps import Caller, State, log, require_user
 from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
+from api.views import json_list
 from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
 from fairgang.settings import Settings
@@ -124,8 +124,8 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
     events = [EventPublic.of(e) for e in await repo.job_events(state.db, job_id)]
     position = estimated = None
     if job.state == JobState.QUEUED.value and job.workflow_started:
-        view = await insight.queue_view(state.db, state.settings)
-        position, estimated = view.position.get(job.id), view.estimated_start.get(job.id)
+        queue = (await state.views.get("queue", state.db)).value.view
+        position, estimated = queue.position.get(job.id), queue.estimated_start.get(job.id)
     return JobDetail(
         **JobPublic.of(job).model_dump(),
         allocation=current,
@@ -194,20 +194,16 @@ async def preempt_job(state: State, who: Caller, job_id: str, reason: str | None
 
 
 @router.get("/queue", response_model=list[QueueEntry])
-async def queue(state: State, who: Caller) -> list[QueueEntry]:
+async def queue(state: State, who: Caller) -> Any:
     """Queued jobs in the scheduler's own order (fair share, then priority and age), with why each waits and when each should start.
 
-    A tenant sees its own jobs with their global positions.
+    A tenant sees its own jobs with their global positions. From the view cache (``api.views``):
+    ``X-Computed-At`` says when it was computed.
     """
     require_user(who)
-    view = await insight.queue_view(state.db, state.settings)
-    position = view.position
-    jobs = sorted(await repo.queued_jobs(state.db), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
-    return [
-        QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id))
-        for pos, j in enumerate(jobs, start=1)
-        if who.admin or j.tenant == who.tenant
-    ]
+    view = await state.views.get("queue", state.db)
+    body = view.body if who.admin else json_list(view.parts.get(who.tenant or "", []))
+    return Response(body, media_type="application/json", headers=view.headers())
 
 
 #: Job event kinds /v1/events/recent serves by default: preemptions and requeues.

@@ -1,19 +1,20 @@
-"""GET /metrics: fleet, queue, tenant, job and health metrics for Prometheus, computed from the store at scrape time.
+"""GET /metrics: fleet, queue, tenant, job and health metrics for Prometheus, computed from the store.
 
-Nothing is kept in the API process: every scrape reads the store, so any number of API
-replicas answer the same, and a restart loses no counter (counters are counts of rows
-in the store's append-only event log). See docs/metrics.md for every metric.
+Every value is read from the store (counters are counts of rows in its append-only event log,
+counted in SQL), so any number of API replicas answer the same and a restart loses no counter.
+The API process computes them in its view refresher (``api.views``) and answers scrapes from
+that cache, at most a few seconds old. See docs/metrics.md for every metric.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -22,6 +23,7 @@ from api.deps import State
 from fairgang.settings import Settings
 from store import repo
 from store.db import Database
+from store.models import Job
 
 router = APIRouter(tags=["metrics"])
 
@@ -45,7 +47,7 @@ def requeue_reason(message: str) -> str:
     return "infrastructure"
 
 
-class _Families(Collector):
+class Families(Collector):
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
 
@@ -53,20 +55,29 @@ class _Families(Collector):
         yield from self.families
 
 
-def _histogram(name: str, doc: str, labels: list[str], samples: dict[tuple[str, ...], list[float]]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, labels: list[str], groups: dict[tuple[str, ...], list[repo.StartedWaits]]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labels)
-    for key, values in sorted(samples.items()):
-        buckets: list[tuple[str, float]] = [(str(b), float(sum(1 for v in values if v <= b))) for b in WAIT_BUCKETS]
-        buckets.append(("+Inf", float(len(values))))
-        family.add_metric(list(key), buckets, sum_value=sum(values))
+    for key, rows in sorted(groups.items()):
+        buckets: list[tuple[str, float]] = [(str(b), float(sum(r.at_most[i] for r in rows))) for i, b in enumerate(WAIT_BUCKETS)]
+        buckets.append(("+Inf", float(sum(r.count for r in rows))))
+        family.add_metric(list(key), buckets, sum_value=sum(r.sum_s for r in rows))
     return family
 
 
-async def collect(db: Database, settings: Settings, *, now: float | None = None) -> list[Metric]:
-    """Every store-derived metric family, as of now."""
+async def collect(
+    db: Database,
+    settings: Settings,
+    *,
+    now: float | None = None,
+    fleet: dict[str, Any] | None = None,
+    tenants: list[dict[str, Any]] | None = None,
+    queued: Sequence[Job] | None = None,
+) -> list[Metric]:
+    """Every store-derived metric family, as of now (from the fleet, tenant and queued-job views given, else read here)."""
     now = time.time() if now is None else now
-    fleet = await insight.fleet_view(db, settings, now=now)
-    tenants = await insight.tenant_usage(db, settings, now=now)
+    fleet = fleet if fleet is not None else await insight.fleet_view(db, settings, now=now)
+    tenants = tenants if tenants is not None else await insight.tenant_usage(db, settings, now=now)
+    queued = queued if queued is not None else await repo.queued_jobs(db)
     out: list[Metric] = []
 
     # Fleet: every GPU in exactly one state; capacity and healthy per type; measured utilisation.
@@ -108,7 +119,6 @@ async def collect(db: Database, settings: Settings, *, now: float | None = None)
     out += [gpus, capacity, healthy, util, frag, nodes]
 
     # Queue: length and the oldest wait now, waits of the attempts that started.
-    queued = await repo.queued_jobs(db)
     length = GaugeMetricFamily("fairgang_queue_length", "Waiting jobs.", labels=["tenant", "gpu_type", "size_class"])
     oldest = GaugeMetricFamily(
         "fairgang_queue_oldest_wait_seconds", "How long the longest-waiting job has waited.", labels=["tenant", "gpu_type", "size_class"]
@@ -119,9 +129,9 @@ async def collect(db: Database, settings: Settings, *, now: float | None = None)
     for key, waits in sorted(groups.items()):
         length.add_metric(list(key), len(waits))
         oldest.add_metric(list(key), max(waits))
-    started_waits: dict[tuple[str, ...], list[float]] = {}
-    for started in await repo.started_attempt_waits(db):
-        started_waits.setdefault((started.tenant, started.gpu_type, insight.size_class(started.gpu_count)), []).append(started.waited_s)
+    started_waits: dict[tuple[str, ...], list[repo.StartedWaits]] = {}
+    for started in await repo.started_attempt_waits(db, WAIT_BUCKETS):
+        started_waits.setdefault((started.tenant, started.gpu_type, insight.size_class(started.gpu_count)), []).append(started)
     out += [
         length,
         oldest,
@@ -150,9 +160,9 @@ async def collect(db: Database, settings: Settings, *, now: float | None = None)
     preemptions = CounterMetricFamily("fairgang_preemptions", "Preemptions by reason.", labels=["reason"])
     requeues = CounterMetricFamily("fairgang_requeues", "Attempts sent back to the queue, by reason.", labels=["reason"])
     counted: dict[str, dict[str, int]] = {"PREEMPTING": {}, "REQUEUED": {}}
-    for kind, message in await repo.event_messages(db, ["PREEMPTING", "REQUEUED"]):
-        reason = preemption_reason(message) if kind == "PREEMPTING" else requeue_reason(message)
-        counted[kind][reason] = counted[kind].get(reason, 0) + 1
+    for kind, head, n in await repo.event_message_heads(db, ["PREEMPTING", "REQUEUED"]):
+        reason = preemption_reason(head) if kind == "PREEMPTING" else requeue_reason(head)
+        counted[kind][reason] = counted[kind].get(reason, 0) + n
     for reason in sorted(set(PREEMPT_REASONS) | {"manual"} | set(counted["PREEMPTING"])):
         preemptions.add_metric([reason], counted["PREEMPTING"].get(reason, 0))
     for reason in sorted(set(PREEMPT_REASONS) | {"manual", "retry", "infrastructure"} | set(counted["REQUEUED"])):
@@ -164,17 +174,16 @@ async def collect(db: Database, settings: Settings, *, now: float | None = None)
 
 async def _health_events(db: Database) -> Iterable[Metric]:
     family = CounterMetricFamily("fairgang_health_events", "GPU health events recorded, by kind.", labels=["kind"])
-    counts: dict[str, int] = {}
-    for kind in await repo.health_event_kinds(db):
-        counts[kind] = counts.get(kind, 0) + 1
-    for kind, n in sorted(counts.items()):
+    for kind, n in sorted((await repo.health_event_counts(db)).items()):
         family.add_metric([kind], n)
     return [family]
 
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(state: State) -> Any:
-    """Prometheus text format; unauthenticated, like any scrape target on the operators' network."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(await collect(state.db, state.settings)))
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format; unauthenticated, like any scrape target on the operators' network.
+
+    Answered from the process's view cache (``api.views``): any number of scrapers cost one collection.
+    """
+    view = await state.views.get("metrics", state.db)
+    return Response(view.body, media_type=CONTENT_TYPE_LATEST, headers=view.headers())
