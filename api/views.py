@@ -86,7 +86,7 @@ class View:
         return all(a >= b for a, b in zip(self.key, key, strict=True)) and time.time() - self.computed_at < MAX_AGE_S
 
     def headers(self) -> dict[str, str]:
-        return {"X-Computed-At": f"{self.computed_at:.3f}", "Cache-Control": "no-store"}
+        return {"X-Computed-At": repr(self.computed_at), "Cache-Control": "no-store"}
 
 
 def _json(value: Any) -> bytes:

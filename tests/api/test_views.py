@@ -1,0 +1,248 @@
+"""The API's heavy views come from a cache its refresher fills: stamped when computed, shared, never computed on the API's loop.
+
+In-process over a real store (both backends). Also: the metric counters counted in SQL give
+what counting every row in Python gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api import views
+from api.app import create_app
+from api.deps import AppState
+from api.metrics import WAIT_BUCKETS, preemption_reason, requeue_reason
+from fairgang.settings import Settings
+from store import repo
+from store.db import Database
+from store.models import HealthEvent, Job, JobEvent
+from tests.api.test_api import ADMIN, ALPHA, BETA
+from tests.builders import job_spec, spec_dict
+
+Served = tuple[httpx.AsyncClient, AppState]
+
+
+@pytest.fixture
+async def served(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+    """The API in process, with its state at hand (the view cache and its counts)."""
+    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
+    app = create_app(settings)
+    state = AppState(settings=settings, db=seeded)
+    app.state.fairgang = state
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
+        yield client, state
+    await asyncio.to_thread(state.views.close)
+
+
+Compute = Callable[[views.Round], Awaitable[Any]]
+
+
+def wrap(monkeypatch: pytest.MonkeyPatch, name: str, around: Callable[[Compute, views.Round], Awaitable[Any]]) -> None:
+    original = views.COMPUTE[name]
+
+    async def wrapped(r: views.Round) -> Any:
+        return await around(original, r)
+
+    monkeypatch.setitem(views.COMPUTE, name, wrapped)
+
+
+def computed_at(resp: httpx.Response) -> float:
+    assert resp.status_code == 200, resp.text
+    return float(resp.headers["X-Computed-At"])
+
+
+async def eventually(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_view_is_stamped_when_computed_reused_and_recomputed_when_the_store_changes(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, state = served
+    monkeypatch.setattr(views, "MAX_AGE_S", 3600.0)  # only a change of the store makes it stale here
+    ended: list[float] = []
+
+    async def slow(compute: Compute, r: views.Round) -> Any:
+        result = await compute(r)
+        await asyncio.sleep(0.3)  # a computation that takes a while: its stamp is its end, not its start
+        ended.append(time.time())
+        return result
+
+    wrap(monkeypatch, "tenants", slow)
+    first = await client.get("/v1/tenants", headers=ADMIN)
+    again = await client.get("/v1/tenants", headers=BETA)
+    assert state.views.computations["tenants"] == 1
+    assert computed_at(first) == computed_at(again) >= ended[0]
+    assert [t["name"] for t in first.json()] == ["alpha", "beta"] and [t["name"] for t in again.json()] == ["beta"]
+
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")  # moves the store's version
+    after = await client.get("/v1/tenants", headers=ADMIN)
+    assert state.views.computations["tenants"] == 2
+    assert computed_at(after) >= ended[1] > computed_at(first)
+    assert (await client.get("/v1/tenants/beta", headers=BETA)).json()["name"] == "beta"
+    assert state.views.computations["tenants"] == 2
+
+    fleet = await client.get("/v1/fleet", headers=ALPHA)
+    assert fleet.json()["computed_at"] == computed_at(fleet)
+    assert next(n for n in fleet.json()["nodes"] if n["id"] == "h1")["state"] == "CORDONED"
+
+
+async def test_concurrent_first_requests_wait_for_one_computation(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, state = served
+    for name in ("alpha", "beta"):
+        token = ALPHA if name == "alpha" else BETA
+        job = (await client.post("/v1/jobs", json=spec_dict(name=f"{name}-1", checkpoint_dir=f"/ckpt/{name}/x"), headers=token)).json()
+        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+    started = 0
+
+    async def counted(compute: Compute, r: views.Round) -> Any:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(0.2)  # long enough for every request to arrive while it runs
+        return await compute(r)
+
+    wrap(monkeypatch, "queue", counted)
+    answers = await asyncio.gather(*(client.get("/v1/queue", headers=ADMIN if i % 2 else ALPHA) for i in range(20)))
+    assert started == 1 and state.views.computations["queue"] == 1
+    assert {computed_at(a) for a in answers} == {computed_at(answers[0])}
+    assert [len(a.json()) for a in answers[:2]] == [1, 2]  # alpha's own job, with its global position; the admin sees both
+    assert answers[0].json()[0]["job"]["tenant"] == "alpha"
+    metrics = await asyncio.gather(*(client.get("/metrics") for _ in range(10)))
+    assert {computed_at(m) for m in metrics} == {computed_at(metrics[0])} and state.views.computations["metrics"] == 1
+
+
+async def test_a_costly_view_is_computed_off_the_loop_and_answered_from_the_cache_meanwhile(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, state = served
+    monkeypatch.setattr(views, "QUICK_CPU_S", 0.0)  # every view counts as costly
+    job = (await client.post("/v1/jobs", json=spec_dict(name="mine"), headers=ALPHA)).json()["job"]
+    await repo.mark_queued(state.db, job_id=job["id"], attempt=1)
+    first = computed_at(await client.get("/v1/queue", headers=ALPHA))
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    # A view computed once is recomputed for a request after a change (its first computation had one-time costs).
+    second = computed_at(await client.get("/v1/queue", headers=ALPHA))
+    assert second > first and state.views.computations["queue"] == 2
+
+    release, blocked, timed_out = threading.Event(), threading.Event(), threading.Event()
+
+    async def stuck(compute: Compute, r: views.Round) -> Any:
+        blocked.set()
+        # Blocks its thread, as a long simulation does: on the API's own loop, nothing would be answered meanwhile.
+        if not release.wait(timeout=30):
+            timed_out.set()
+        return await compute(r)
+
+    wrap(monkeypatch, "queue", stuck)
+    await repo.set_node_state(state.db, node_id="h1", state="READY")
+    stale = await asyncio.wait_for(client.get("/v1/queue", headers=ALPHA), 60)
+    assert computed_at(stale) == second  # answered at once, from the cache
+    assert await asyncio.to_thread(blocked.wait, 60)
+    # While the refresher computes, the API answers the cached views, a job and the health check.
+    assert computed_at(await client.get("/v1/queue", headers=ADMIN)) == second
+    assert (await client.get(f"/v1/jobs/{job['id']}", headers=ALPHA)).json()["queue_position"] == 1
+    assert (await client.get("/healthz")).status_code == 200
+    assert not timed_out.is_set()
+    release.set()
+
+    async def recomputed() -> bool:
+        return computed_at(await client.get("/v1/queue", headers=ALPHA)) > second
+
+    await eventually("the queue recomputed", recomputed)
+    assert not timed_out.is_set()
+
+
+async def test_the_first_request_gets_503_when_the_first_computation_fails(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _ = served
+
+    async def broken(compute: Compute, r: views.Round) -> Any:
+        raise RuntimeError("store on fire")
+
+    wrap(monkeypatch, "fleet", broken)
+    resp = await client.get("/v1/fleet", headers=ALPHA)
+    assert resp.status_code == 503 and "store on fire" in resp.json()["detail"]
+
+
+# ---------------------------------------------------------------- counters counted in SQL
+
+PREEMPTING = [
+    "priority: its GPUs go to j-1",
+    " reclaim : its GPUs go to j-2",
+    "max_wait: waited 2h",
+    "health: GPU 3 failed",
+    "health",
+    "healthy: no such policy",
+    "preempted by admin",
+    "Priority: capitalised",
+    "",
+    "x:y:z",
+    "reclaim:no space",
+]
+REQUEUED = [
+    "preempted: reclaim: its GPUs go to j-x",
+    "preempted: preempted by admin",
+    "preempted:  priority : two spaces",
+    "preempted: health",
+    "preempted: max_wait: waited",
+    "preempted:reclaim: no space",
+    "Preempted: reclaim: capitalised",
+    "job failed (exit 3); retry 1 of 2",
+    "job failedX",
+    "JOB FAILED (exit 1)",
+    "node h1 lost",
+    "préempted: reclaim",
+    "",
+]
+
+
+async def test_event_counters_in_sql_match_counting_every_message(seeded: Database) -> None:
+    job, _ = await repo.create_job(seeded, spec=job_spec(name="events"), tenant="alpha")
+    rows = [("PREEMPTING", m) for m in PREEMPTING] + [("REQUEUED", m) for m in REQUEUED] + [("REQUEUED", REQUEUED[0])] * 3
+    async with seeded.transaction() as session:
+        for i, (kind, message) in enumerate(rows):
+            session.add(JobEvent(job_id=job.id, ts=float(i), attempt=1, kind=kind, message=message, data={}, dedupe_key=f"e-{i}"))
+        for i, kind in enumerate(["cordon", "xid", "xid", "uncordon"]):
+            session.add(HealthEvent(ts=float(i), node_id="h1", kind=kind, severity="info", message="", data={}, dedupe_key=f"h-{i}"))
+    expected: dict[tuple[str, str], int] = {}
+    for kind, message in rows:
+        reason = preemption_reason(message) if kind == "PREEMPTING" else requeue_reason(message)
+        expected[(kind, reason)] = expected.get((kind, reason), 0) + 1
+    counted: dict[tuple[str, str], int] = {}
+    for kind, head, n in await repo.event_message_heads(seeded, ["PREEMPTING", "REQUEUED"]):
+        reason = preemption_reason(head) if kind == "PREEMPTING" else requeue_reason(head)
+        counted[(kind, reason)] = counted.get((kind, reason), 0) + n
+    assert counted == expected
+    assert await repo.health_event_counts(seeded) == {"cordon": 1, "xid": 2, "uncordon": 1}
+
+
+async def test_queue_wait_histogram_in_sql_matches_every_wait(seeded: Database) -> None:
+    now = time.time()
+    waits = [(1, 5.0), (1, 10.0), (2, 45.5), (2, 7200.0), (16, 100000.0), (1, -1.0)]  # the last never started on this attempt
+    expected: dict[tuple[str, str, int], list[float]] = {}
+    for i, (gpus, wait) in enumerate(waits):
+        job, _ = await repo.create_job(seeded, spec=job_spec(name=f"w{i}", gpu_count=gpus), tenant="alpha")
+        async with seeded.transaction() as session:
+            row = await session.get(Job, job.id)
+            assert row is not None
+            row.queued_at, row.started_at, row.state = now - 200000, now - 200000 + wait, "RUNNING"
+        if wait >= 0:
+            expected.setdefault(("alpha", "H100-80GB", gpus), []).append(wait)
+    got = {(w.tenant, w.gpu_type, w.gpu_count): w for w in await repo.started_attempt_waits(seeded, WAIT_BUCKETS)}
+    assert set(got) == set(expected)
+    for key, values in expected.items():
+        assert got[key].count == len(values)
+        assert got[key].at_most == tuple(sum(1 for v in values if v <= b) for b in WAIT_BUCKETS)
+        assert got[key].sum_s == pytest.approx(sum(values), rel=1e-9)
