@@ -47,15 +47,20 @@ def quota_of(q: dict[str, Any]) -> Quota:
 
 
 class SnapshotReader:
-    """Reads snapshots; keeps fixed facts and unchanged views between reads."""
+    """Reads snapshots; keeps fixed facts and unchanged views between reads.
+
+    A view is reused when the row it came from is unchanged (compared as a tuple, without building the
+    view), so an unchanged fleet costs a tuple comparison per node and per job.
+    """
 
     def __init__(self) -> None:
         self._facts: dict[str, JobFacts] = {}
         self._members: dict[str, tuple[Member, ...]] = {}
-        self._nodes: dict[str, NodeView] = {}
-        self._pending: dict[str, PendingJob] = {}
-        self._running: dict[str, RunningJob] = {}
+        self._nodes: dict[str, tuple[Any, NodeView]] = {}
+        self._pending: dict[str, tuple[Any, PendingJob]] = {}
+        self._running: dict[str, tuple[Any, RunningJob]] = {}
         self._tenants: dict[str, TenantView] = {}
+        self._ranges: dict[int, frozenset[int]] = {}
         #: Job id -> the pending reason stored with it at the last read (to write only the ones that change).
         self.pending_reasons: dict[str, str | None] = {}
 
@@ -69,7 +74,7 @@ class SnapshotReader:
         reservations: tuple[Reservation, ...] = (),
         decayed: dict[str, dict[str, float]] | None = None,
     ) -> Snapshot:
-        """The store as of now. ``decayed`` replaces the ledger's usage (the tests' from-history reference)."""
+        """The store as of now. ``decayed`` replaces the ledger's usage (for a caller that has it already)."""
         if decayed is None:
             decayed = await usage.usage(db, half_life=config.usage_half_life_s, now=now)
         async with db.sessions() as session:
@@ -79,16 +84,25 @@ class SnapshotReader:
             if missing:
                 for job_id, spec in (await rows_of.job_specs(session, missing)).items():
                     self._facts[job_id] = job_facts(spec)
-            new_allocs = [r[0] for r in rows.live if r[0] not in self._members]
+            holding = [r[0] for r in rows.live] + list(rows.revoked)
+            new_allocs = [alloc_id for alloc_id in holding if alloc_id not in self._members]
             if new_allocs:
                 for alloc_id, members in (await rows_of.allocation_members(session, new_allocs)).items():
                     self._members[alloc_id] = tuple(
                         Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in members
                     )
-        self._facts = {k: v for k, v in self._facts.items() if k in need}
-        self._members = {r[0]: self._members[r[0]] for r in rows.live}
+            irregular = [node_id for node_id, count, low, high in rows.gpu_rows if low != 0 or high != count - 1]
+            indices = await rows_of.gpu_indices(session, irregular) if irregular else {}
+        if len(self._facts) > len(need):
+            self._facts = {k: v for k, v in self._facts.items() if k in need}
+        if len(self._members) > len(holding):
+            self._members = {alloc_id: self._members[alloc_id] for alloc_id in holding}
+        held: dict[str, set[int]] = {}
+        for alloc_id in holding:
+            for member in self._members[alloc_id]:
+                held.setdefault(member.node_id, set()).update(member.gpu_indices)
         return Snapshot(
-            nodes=self._node_views(rows, now, stale_after_s),
+            nodes=self._node_views(rows, held, indices, now, stale_after_s),
             pending=self._pending_views(rows),
             tenants=self._tenant_views(rows, decayed),
             running=self._running_views(rows),
@@ -96,32 +110,42 @@ class SnapshotReader:
             reservations=reservations,
         )
 
-    def _node_views(self, rows: rows_of.Rows, now: float, stale_after_s: float) -> tuple[NodeView, ...]:
-        healthy: dict[str, set[int]] = {}
-        for node_id, index in rows.healthy:
-            healthy.setdefault(node_id, set()).add(index)
-        for node_id, index in rows.held:
-            bucket = healthy.get(node_id)
-            if bucket is not None:
-                bucket.discard(index)
+    def _range(self, n: int) -> frozenset[int]:
+        cached = self._ranges.get(n)
+        if cached is None:
+            cached = self._ranges[n] = frozenset(range(n))
+        return cached
+
+    def _node_views(
+        self, rows: rows_of.Rows, held: dict[str, set[int]], indices: dict[str, list[int]], now: float, stale_after_s: float
+    ) -> tuple[NodeView, ...]:
+        present = {node_id: count for node_id, count, _, _ in rows.gpu_rows}
+        out: dict[str, set[int]] = {}
+        for node_id, index in rows.unhealthy:
+            out.setdefault(node_id, set()).add(index)
         views = []
         old = self._nodes
         self._nodes = {}
-        for node_id, gpu_type, gpu_count, labels, state, last_heartbeat in rows.nodes:
+        for row in rows.nodes:
+            node_id, gpu_type, gpu_count, labels, state, last_heartbeat = row
             fresh = last_heartbeat is not None and now - last_heartbeat <= stale_after_s
-            free = frozenset(i for i in healthy.get(node_id, ()) if i < gpu_count)
-            view = NodeView(
-                id=node_id,
-                gpu_type=gpu_type,
-                gpu_count=gpu_count,
-                labels=tuple(sorted(labels.items())),
-                free=free,
-                schedulable=state == "READY" and fresh,
-            )
+            # The healthy GPUs with a row, below the node's count, that no allocation holds.
+            if node_id in indices:
+                base = frozenset(i for i in indices[node_id] if i < gpu_count)
+            else:
+                base = self._range(min(present.get(node_id, 0), gpu_count))
+            taken = held.get(node_id)
+            broken = out.get(node_id)
+            free = base if not taken and not broken else base - (taken or set()) - (broken or set())
+            key = (gpu_type, gpu_count, labels, free, state == "READY" and fresh)
             previous = old.get(node_id)
-            if previous is not None and previous == view:
-                view = previous
-            self._nodes[node_id] = view
+            if previous is not None and previous[0] == key:
+                view = previous[1]
+            else:
+                view = NodeView(
+                    id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=tuple(sorted(labels.items())), free=free, schedulable=key[4]
+                )
+            self._nodes[node_id] = (key, view)
             views.append(view)
         return tuple(views)
 
@@ -129,56 +153,63 @@ class SnapshotReader:
         views = []
         old = self._pending
         self._pending = {}
-        self.pending_reasons = {}
-        for job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason in rows.queued:
-            facts = self._facts[job_id]
-            view = PendingJob(
-                id=job_id,
-                tenant=tenant,
-                attempt=attempt,
-                gpu_type=gpu_type,
-                gpu_count=gpu_count,
-                priority=priority,
-                queued_at=queued_at,
-                topology_level=facts.topology_level,
-                topology_required=facts.topology_required,
-                max_runtime_s=facts.max_runtime_s,
-                preemptible=facts.preemptible,
-                submitted_at=created_at,
-            )
+        reasons: dict[str, str | None] = {}
+        for row in rows.queued:
+            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason = row
+            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at)
             previous = old.get(job_id)
-            if previous is not None and previous == view:
-                view = previous
-            self._pending[job_id] = view
-            self.pending_reasons[job_id] = reason
+            if previous is not None and previous[0] == key:
+                view = previous[1]
+            else:
+                facts = self._facts[job_id]
+                view = PendingJob(
+                    id=job_id,
+                    tenant=tenant,
+                    attempt=attempt,
+                    gpu_type=gpu_type,
+                    gpu_count=gpu_count,
+                    priority=priority,
+                    queued_at=queued_at,
+                    topology_level=facts.topology_level,
+                    topology_required=facts.topology_required,
+                    max_runtime_s=facts.max_runtime_s,
+                    preemptible=facts.preemptible,
+                    submitted_at=created_at,
+                )
+            self._pending[job_id] = (key, view)
+            reasons[job_id] = reason
             views.append(view)
+        self.pending_reasons = reasons
         return tuple(views)
 
     def _running_views(self, rows: rows_of.Rows) -> tuple[RunningJob, ...]:
         views = []
         old = self._running
         self._running = {}
-        for alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at in rows.live:
-            members = self._members[alloc_id]
-            facts = self._facts[job_id]
-            started = started_at if started_at is not None and job_attempt == attempt else created_at
-            view = RunningJob(
-                id=job_id,
-                tenant=tenant,
-                attempt=attempt,
-                gpu_type=gpu_type,
-                gpu_count=sum(len(m.gpu_indices) for m in members),
-                priority=priority,
-                members=members,
-                started_at=started,
-                expected_end=started + facts.max_runtime_s,
-                last_checkpoint_at=checkpoint_at if job_attempt == attempt else None,
-                preemptible=facts.preemptible,
-            )
+        for row in rows.live:
+            alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at = row
+            key = tuple(row)
             previous = old.get(alloc_id)
-            if previous is not None and previous == view:
-                view = previous
-            self._running[alloc_id] = view
+            if previous is not None and previous[0] == key:
+                view = previous[1]
+            else:
+                members = self._members[alloc_id]
+                facts = self._facts[job_id]
+                started = started_at if started_at is not None and job_attempt == attempt else created_at
+                view = RunningJob(
+                    id=job_id,
+                    tenant=tenant,
+                    attempt=attempt,
+                    gpu_type=gpu_type,
+                    gpu_count=sum(len(m.gpu_indices) for m in members),
+                    priority=priority,
+                    members=members,
+                    started_at=started,
+                    expected_end=started + facts.max_runtime_s,
+                    last_checkpoint_at=checkpoint_at if job_attempt == attempt else None,
+                    preemptible=facts.preemptible,
+                )
+            self._running[alloc_id] = (key, view)
             views.append(view)
         return tuple(views)
 

@@ -12,90 +12,89 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from fairgang.spec import JobState
-from store.models import Allocation, AllocationGpu, Gpu, Job, Node, Tenant
-from store.repo import LIVE_ALLOCATION_STATES
+from store.models import Allocation, Gpu, Job, Node, Tenant
+from store.repo import LIVE_ALLOCATION_STATES, REVOKED
 
 
 @dataclass(frozen=True)
 class Rows:
-    """One consistent read of what a cycle needs (each field a list of plain tuples)."""
+    """One consistent read of what a cycle needs (each field a list of rows that unpack as plain tuples)."""
 
     #: (id, gpu_type, gpu_count, labels, state, last_heartbeat), by id.
-    nodes: list[tuple[str, str, int, dict[str, str], str, float | None]]
-    #: (node id, index) of the healthy GPUs.
-    healthy: list[tuple[str, int]]
-    #: (node id, index) held by a live allocation (a revoked one included: its GPUs are still held).
-    held: list[tuple[str, int]]
+    nodes: Sequence[Any]
+    #: (node id, GPU rows, lowest index, highest index) per node with GPU rows.
+    gpu_rows: Sequence[Any]
+    #: (node id, index) of the GPUs out of service.
+    unhealthy: Sequence[Any]
     #: (id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, pending_reason) by (queued_at, id).
-    queued: list[tuple[str, str, int, str, int, int, float, float, str | None]]
+    queued: Sequence[Any]
     #: (allocation id, job id, allocation attempt, created_at, tenant, gpu_type, priority, job attempt, started_at,
     #: latest_checkpoint_at) of the live (bound or acknowledged) allocations, by allocation id.
-    live: list[tuple[str, str, int, float, str, str, int, int, float | None, float | None]]
+    live: Sequence[Any]
+    #: Ids of the revoked allocations: no longer held for their agents, but their GPUs are not free yet.
+    revoked: Sequence[str]
     #: (name, weight, cohort, quotas) by name.
-    tenants: list[tuple[str, float, str | None, dict[str, Any]]]
+    tenants: Sequence[Any]
+
+
+NODE_COLUMNS = (col(Node.id), col(Node.gpu_type), col(Node.gpu_count), col(Node.labels), col(Node.state), col(Node.last_heartbeat))
+QUEUED_COLUMNS = (
+    col(Job.id),
+    col(Job.tenant),
+    col(Job.attempt),
+    col(Job.gpu_type),
+    col(Job.gpu_count),
+    col(Job.priority),
+    col(Job.queued_at),
+    col(Job.created_at),
+    col(Job.pending_reason),
+)
+LIVE_COLUMNS = (
+    col(Allocation.id),
+    col(Allocation.job_id),
+    col(Allocation.attempt),
+    col(Allocation.created_at),
+    col(Job.tenant),
+    col(Job.gpu_type),
+    col(Job.priority),
+    col(Job.attempt),
+    col(Job.started_at),
+    col(Job.latest_checkpoint_at),
+)
+TENANT_COLUMNS = (col(Tenant.name), col(Tenant.weight), col(Tenant.cohort), col(Tenant.quotas))
 
 
 async def read_rows(session: AsyncSession) -> Rows:
-    nodes = (
+    """Every row a cycle needs. The GPUs a live allocation holds are its members (``allocation_gpu`` holds the
+    same GPUs, written in the same transaction), so the caller derives them from the members it keeps."""
+    nodes = (await session.execute(select(*NODE_COLUMNS).order_by(col(Node.id)))).all()
+    gpu_rows = (
         await session.execute(
-            select(
-                col(Node.id), col(Node.gpu_type), col(Node.gpu_count), col(Node.labels), col(Node.state), col(Node.last_heartbeat)
-            ).order_by(col(Node.id))
+            select(col(Gpu.node_id), func.count(), func.min(col(Gpu.index)), func.max(col(Gpu.index))).group_by(col(Gpu.node_id))
         )
     ).all()
-    healthy = (await session.execute(select(col(Gpu.node_id), col(Gpu.index)).where(col(Gpu.healthy)))).all()
-    held = (await session.execute(select(col(AllocationGpu.node_id), col(AllocationGpu.gpu_index)).where(col(AllocationGpu.live)))).all()
-    queued = (
-        await session.execute(
-            select(
-                col(Job.id),
-                col(Job.tenant),
-                col(Job.attempt),
-                col(Job.gpu_type),
-                col(Job.gpu_count),
-                col(Job.priority),
-                col(Job.queued_at),
-                col(Job.created_at),
-                col(Job.pending_reason),
-            )
-            .where(col(Job.state) == JobState.QUEUED.value, col(Job.workflow_started))
-            .order_by(col(Job.queued_at), col(Job.id))
-        )
-    ).all()
-    live = (
-        await session.execute(
-            select(
-                col(Allocation.id),
-                col(Allocation.job_id),
-                col(Allocation.attempt),
-                col(Allocation.created_at),
-                col(Job.tenant),
-                col(Job.gpu_type),
-                col(Job.priority),
-                col(Job.attempt),
-                col(Job.started_at),
-                col(Job.latest_checkpoint_at),
-            )
-            .join(Job, col(Job.id) == col(Allocation.job_id))
-            .where(col(Allocation.state).in_(LIVE_ALLOCATION_STATES))
-            .order_by(col(Allocation.id))
-        )
-    ).all()
-    tenant_columns = (col(Tenant.name), col(Tenant.weight), col(Tenant.cohort), col(Tenant.quotas))
-    tenants = (await session.execute(select(*tenant_columns).order_by(col(Tenant.name)))).all()
-    return Rows(
-        nodes=[tuple(r) for r in nodes],
-        healthy=[tuple(r) for r in healthy],
-        held=[tuple(r) for r in held],
-        queued=[tuple(r) for r in queued],
-        live=[tuple(r) for r in live],
-        tenants=[tuple(r) for r in tenants],
-    )
+    unhealthy = (await session.execute(select(col(Gpu.node_id), col(Gpu.index)).where(not_(col(Gpu.healthy))))).all()
+    queued_filter = (col(Job.state) == JobState.QUEUED.value, col(Job.workflow_started))
+    queued = (await session.execute(select(*QUEUED_COLUMNS).where(*queued_filter).order_by(col(Job.queued_at), col(Job.id)))).all()
+    live_query = select(*LIVE_COLUMNS).join(Job, col(Job.id) == col(Allocation.job_id))
+    live = (await session.execute(live_query.where(col(Allocation.state).in_(LIVE_ALLOCATION_STATES)).order_by(col(Allocation.id)))).all()
+    revoked = (await session.execute(select(col(Allocation.id)).where(col(Allocation.state) == REVOKED))).scalars().all()
+    tenants = (await session.execute(select(*TENANT_COLUMNS).order_by(col(Tenant.name)))).all()
+    return Rows(nodes=nodes, gpu_rows=gpu_rows, unhealthy=unhealthy, queued=queued, live=live, revoked=revoked, tenants=tenants)
+
+
+async def gpu_indices(session: AsyncSession, node_ids: Sequence[str]) -> dict[str, list[int]]:
+    """Node id -> indices of its GPU rows (for the rare node whose rows are not exactly 0..n-1)."""
+    out: dict[str, list[int]] = {}
+    query = select(col(Gpu.node_id), col(Gpu.index)).where(col(Gpu.node_id).in_(list(node_ids)))
+    for node_id, index in (await session.execute(query)).all():
+        out.setdefault(node_id, []).append(index)
+    return out
 
 
 async def job_specs(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

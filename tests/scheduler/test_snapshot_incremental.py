@@ -146,13 +146,17 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
     now = 1_000_000.0
     for node_id, gpu_type, count in (("h1", "H100-80GB", 8), ("h2", "H100-80GB", 8), ("g1", "L40S", 4)):
         await repo.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[], now=now)
+    # A node whose GPU rows are not 0..n-1 (an agent that reported only some of its GPUs).
+    await repo.register_node(
+        db, node_id="x1", gpu_type="L40S", gpu_count=4, labels={"leaf": "l2"}, boot_id="b", gpus=[{"index": 0}, {"index": 2}], now=now
+    )
     reader, core = SnapshotReader(), Scheduler()
     compared = 0
     serial = 0
     for _ in range(steps):
         action = rng.choices(
-            ["arrive", "cycle", "run", "checkpoint", "end", "requeue", "fault", "cordon", "quota", "restart", "wait"],
-            weights=[5, 6, 3, 2, 3, 1, 1, 1, 1, 1, 2],
+            ["arrive", "cycle", "run", "checkpoint", "end", "revoke", "requeue", "fault", "cordon", "quota", "restart", "wait"],
+            weights=[5, 6, 3, 2, 3, 1, 1, 1, 1, 1, 1, 2],
         )[0]
         now += rng.uniform(1.0, 3 * HALF_LIFE if action == "wait" else 120.0)
         if action == "arrive":
@@ -203,6 +207,11 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
                 job = rng.choice(running)
                 state = rng.choice([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
                 await repo.record_transition(db, job_id=job.id, attempt=job.attempt, state=state, event_key="end", now=now)
+            elif action == "revoke" and running:
+                job = rng.choice(running)
+                live = [a for a in await repo.job_allocations(db, job.id) if a.state in repo.LIVE_ALLOCATION_STATES]
+                if live:
+                    await repo.revoke_allocation(db, job_id=job.id, allocation_id=live[-1].id, reason="walk", now=now)
             elif action == "requeue" and running:
                 job = rng.choice(running)
                 await repo.requeue_job(db, job_id=job.id, from_attempt=job.attempt, reason="preempted: walk", now=now)
