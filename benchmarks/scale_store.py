@@ -78,8 +78,8 @@ def tenant_token(name: str) -> str:
     return f"{name}-token"
 
 
-def build_config(scale: int = 1) -> ClusterConfig:
-    """The fleet and the tenants at ``scale`` times the SPEC's fleet."""
+def build_config(scale: int = 1, nodes_only: int | None = None) -> ClusterConfig:
+    """The fleet and the tenants at ``scale`` times the SPEC's fleet (``nodes_only``: a slice of it, every type kept)."""
     nodes: list[dict[str, Any]] = []
     capacity: dict[str, int] = {}
     for gpu_type, (count, per_node) in FLEET.items():
@@ -97,26 +97,32 @@ def build_config(scale: int = 1) -> ClusterConfig:
                     "labels": {"leaf": f"{short}-l{leaf:03d}", "spine": f"{short}-s{leaf // leaves_per_spine:02d}"},
                 }
             )
+    if nodes_only is not None:
+        step = max(1, len(nodes) // max(nodes_only, 1))
+        nodes = nodes[::step][:nodes_only]
+        capacity = {t: sum(n["gpus"] for n in nodes if n["gpu_type"] == t) for t in FLEET}
     tenants: list[dict[str, Any]] = []
-    types = list(FLEET)
+    types = [t for t in FLEET if capacity[t] > 0]
     rng = random.Random(7)
+    # A slice of the fleet has too few GPUs for 50 tenants' shares: 4 tenants in one cohort, every type each.
+    count, cohorts = (TENANTS, COHORTS) if nodes_only is None else (4, 1)
     # Each tenant is guaranteed part of two or three types; the nominal shares of a type add up to its capacity.
     shares: dict[str, list[tuple[int, float]]] = {t: [] for t in types}
-    for i in range(TENANTS):
-        for gpu_type in rng.sample(types, rng.choice((2, 3))):
+    for i in range(count):
+        for gpu_type in rng.sample(types, rng.choice((2, 3))) if nodes_only is None else types:
             shares[gpu_type].append((i, rng.uniform(0.5, 2.0)))
-    quotas: dict[int, dict[str, dict[str, Any]]] = {i: {} for i in range(TENANTS)}
+    quotas: dict[int, dict[str, dict[str, Any]]] = {i: {} for i in range(count)}
     for gpu_type, parts in shares.items():
         total = sum(w for _, w in parts)
         for i, w in parts:
             quotas[i][gpu_type] = {"nominal": int(capacity[gpu_type] * w / total), "borrow_limit": capacity[gpu_type] // 4}
-    for i in range(TENANTS):
+    for i in range(count):
         name = tenant_name(i)
         tenants.append(
             {
                 "name": name,
                 "weight": 1.0 + (i % 3),
-                "cohort": f"cohort-{i % COHORTS}",
+                "cohort": f"cohort-{i % cohorts}",
                 "tokens": [tenant_token(name)],
                 "quotas": quotas[i],
                 "max_gpus_per_job": 64,
@@ -183,9 +189,9 @@ class Fleet:
 class Maker:
     """Makes the rows of one job's life, as the store's own functions would write them."""
 
-    def __init__(self, config: ClusterConfig, seed: int, live: bool) -> None:
+    def __init__(self, config: ClusterConfig, seed: int, live: bool, speedup: float = 1.0) -> None:
         self.rng = random.Random(seed)
-        self.live = live
+        self.live, self.speedup = live, speedup
         self.tenants = [(t.name, sorted(t.quotas)) for t in config.tenants]
         self.per_node = {n.gpu_type: n.gpus for n in config.nodes}
         self.nodes_by_type: dict[str, list[str]] = {}
@@ -342,7 +348,7 @@ class Maker:
         submitted = started - self.rng.expovariate(1 / 600.0)
         if self.live:
             # Left for the live platform to place: it runs for what remains of its run time.
-            self.pending(rows, now, tenant=tenant, gpu_type=gpu_type, count=count, submitted=submitted, sim=self.runtime())
+            self.pending(rows, now, tenant=tenant, gpu_type=gpu_type, count=count, submitted=submitted, sim=self.runtime() / self.speedup)
             return True
         job = self.job(rows, tenant=tenant, gpu_type=gpu_type, count=count, submitted=submitted, state="RUNNING")
         self.allocate(rows, job, 1, members, started - 1.0, live=True)
@@ -365,7 +371,7 @@ class Maker:
             tenant, gpu_type, count = self.shape()
         submitted = now - self.rng.uniform(0.0, 6 * 3600.0) if submitted is None else submitted
         if self.live and sim is None:
-            sim = self.runtime()
+            sim = self.runtime() / self.speedup
         job = self.job(rows, tenant=tenant, gpu_type=gpu_type, count=count, submitted=submitted, state="QUEUED", sim_runtime_s=sim)
         if self.live:
             job["workflow_started"], job["pending_reason"] = False, "waiting for its workflow to start"
@@ -420,12 +426,16 @@ async def build(
     running: int | None = None,
     queued: int | None = None,
     live: bool = False,
+    speedup: float = 1.0,
     out: Path,
     now: float | None = None,
     seed: int = 11,
     config: ClusterConfig | None = None,
 ) -> BuildReport:
-    """Migrate the store at ``url`` and fill it (it should be empty); writes ``cluster.yaml`` and ``tokens.json`` into ``out``."""
+    """Migrate the store at ``url`` and fill it (it should be empty); writes ``cluster.yaml`` and ``tokens.json`` into ``out``.
+
+    ``speedup`` (with ``live``): the simulated run times are the real ones divided by it.
+    """
     started, cpu0 = time.perf_counter(), time.process_time()
     now = time.time() if now is None else now
     config = config or build_config(scale)
@@ -449,7 +459,7 @@ async def build(
                 gpus=[g.as_dict() for g in gpus.inventory()],
                 now=now,
             )
-        maker = Maker(config, seed, live)
+        maker = Maker(config, seed, live, speedup)
         rows = Rows()
         history = int(rate_per_hour * scale * 24 * history_days)
         span = history_days * 86400.0
@@ -501,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--running", type=int, default=None, help="running jobs (default 2,000 x scale)")
     parser.add_argument("--queued", type=int, default=None, help="queued jobs (default 2,000 x scale)")
     parser.add_argument("--live", action="store_true", help="store the current jobs as just submitted, for a live platform to run")
+    parser.add_argument("--speedup", type=float, default=1.0, help="with --live: simulated run times are divided by it")
     parser.add_argument(
         "--out", type=Path, default=None, help="where cluster.yaml and tokens.json go (default: beside a SQLite file, else ./scale-store)"
     )
@@ -517,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
             running=args.running,
             queued=args.queued,
             live=args.live,
+            speedup=args.speedup,
             out=out,
         )
     )
