@@ -135,7 +135,9 @@ async def test_a_heartbeat_reads_and_writes_only_its_own_node_in_one_transaction
         values = {str(v) for p in params for v in (p.values() if isinstance(p, dict) else p)}
         assert "h2" not in values, f"a heartbeat of h1 touched h2: {statement}"
     # The fast path: nothing changed for the placement service, nothing beyond the heartbeat and the health.
-    assert len(seen.queries) == 5, [s for s, _, _ in seen.queries]
+    assert len(seen.queries) == 4, [s for s, _, _ in seen.queries]
+    for statement, plan in await _plans(seeded, seen.queries):
+        assert not _full_scans(plan, seeded.sqlite), f"{statement}\n" + "\n".join(plan)
     assert await repo.change_version(seeded) == version
     stored = {g.index: g.health for g in await repo.list_gpus(seeded) if g.node_id == "h1"}
     assert stored[3]["temperature_c"] == 43
