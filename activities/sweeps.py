@@ -46,17 +46,6 @@ def tenant_policy(tenant: Tenant) -> TenantPolicy:
     )
 
 
-async def fleet_shape(db: Database) -> FleetShape:
-    """GPU type -> {GPUs per node: nodes}, and the topology levels in use (as the jobs API computes it)."""
-    shapes: dict[str, dict[int, int]] = {}
-    levels = {"node"}
-    for node in await repo.list_nodes(db):
-        per_type = shapes.setdefault(node.gpu_type, {})
-        per_type[node.gpu_count] = per_type.get(node.gpu_count, 0) + 1
-        levels.update(node.labels)
-    return FleetShape(shapes=shapes, levels=frozenset(levels))
-
-
 def scheduled_sweep_id(workflow_id: str, run_id: str = "") -> str:
     """The sweep id of a scheduled run: derived from its workflow (id and first run), so a retry finds the same sweep.
 
@@ -155,7 +144,7 @@ class SweepActivities:
         tenant = await repo.get_tenant(self.db, tenant_name)
         if tenant is None:
             return [f"tenant: unknown tenant '{tenant_name}'"]
-        return [f"template.{p.field}: {p.reason}" for p in admission_problems(spec, tenant, await fleet_shape(self.db))]
+        return [f"template.{p.field}: {p.reason}" for p in admission_problems(spec, tenant, await repo.fleet_shape(self.db))]
 
     @activity.defn(name="create_trial")
     async def create_trial(self, inp: TrialInput) -> TrialStart:
@@ -173,7 +162,7 @@ class SweepActivities:
         assert tenant is not None
         try:
             job_spec = spec.trial_spec(inp.index, params, sweep_id=sweep.id, tenant=sweep.tenant)
-            problems = [f"{p.field}: {p.reason}" for p in check_admission(job_spec, tenant_policy(tenant), await fleet_shape(self.db))]
+            problems = [f"{p.field}: {p.reason}" for p in check_admission(job_spec, tenant_policy(tenant), await repo.fleet_shape(self.db))]
         except SpecError as err:
             problems = [str(err)]
         if problems:

@@ -13,7 +13,7 @@ from api.deps import Caller, State, log, require_user
 from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
 from api.views import json_list
 from fairgang import temporal
-from fairgang.admission import FleetShape, TenantPolicy, check_admission
+from fairgang.admission import TenantPolicy, check_admission
 from fairgang.settings import Settings
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
 from store import repo
@@ -45,16 +45,6 @@ def temporal_workflows_url(settings: Settings) -> str:
     return f"{settings.temporal_ui_url.rstrip('/')}/namespaces/{settings.temporal_namespace}/workflows/"
 
 
-async def fleet_shape(state: State) -> FleetShape:
-    shapes: dict[str, dict[int, int]] = {}
-    levels = {"node"}
-    for node in await repo.list_nodes(state.db):
-        per_type = shapes.setdefault(node.gpu_type, {})
-        per_type[node.gpu_count] = per_type.get(node.gpu_count, 0) + 1
-        levels.update(node.labels)
-    return FleetShape(shapes=shapes, levels=frozenset(levels))
-
-
 @router.post("/jobs", status_code=201, response_model=SubmitResult)
 async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)) -> Any:
     """Validate, admit and queue a job; a repeated idempotency key returns the same job."""
@@ -78,7 +68,7 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
         max_runtime_s=tenant.max_runtime_s,
         checkpoint_prefix=tenant.checkpoint_prefix,
     )
-    problems = check_admission(spec, policy, await fleet_shape(state))
+    problems = check_admission(spec, policy, await repo.fleet_shape(state.db))
     if problems:
         raise spec_refused(problems)
     try:

@@ -30,7 +30,7 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.sweeps import admission_problems, fleet_shape, scheduled_workflow_id
+from activities.sweeps import admission_problems, scheduled_workflow_id
 from api.deps import Caller, State, log, require_user
 from fairgang.settings import CONTROL_TASK_QUEUE
 from fairgang.spec import SpecError, SpecProblem
@@ -114,7 +114,7 @@ async def _tenant_for(state: State, who: repo.Principal, named: str | None) -> T
 
 
 async def _admit(state: State, spec: SweepSpec, tenant: Tenant, prefix: str = "") -> None:
-    problems = admission_problems(spec, tenant, await fleet_shape(state.db))
+    problems = admission_problems(spec, tenant, await repo.fleet_shape(state.db))
     if problems:
         raise refused([SpecProblem(field=f"{prefix}template.{p.field}", reason=p.reason) for p in problems])
 

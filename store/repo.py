@@ -8,17 +8,19 @@ changes nothing the second time.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, not_, or_, select, update
+from sqlalchemy import String, bindparam, cast, func, not_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from fairgang.admission import FleetShape
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import TERMINAL_STATES, JobSpec, JobState
 from store import usage
@@ -130,14 +132,22 @@ async def get_tenant(db: Database, name: str) -> Tenant | None:
         return await session.get(Tenant, name)
 
 
-async def node_shapes(db: Database) -> dict[str, list[int]]:
-    """GPU type -> sorted distinct GPUs per node, over every known node."""
+async def fleet_shape(db: Database) -> FleetShape:
+    """GPU type -> {GPUs per node: nodes}, and the topology levels the nodes' labels use (for admission).
+
+    Counted in SQL: a submission reads a row per node shape and per distinct label set, not every node.
+    """
     async with db.sessions() as session:
-        rows = (await session.execute(select(col(Node.gpu_type), col(Node.gpu_count)).distinct())).all()
-    shapes: dict[str, list[int]] = {}
-    for gpu_type, count in rows:
-        shapes.setdefault(gpu_type, []).append(count)
-    return {k: sorted(set(v)) for k, v in shapes.items()}
+        shape_query = select(col(Node.gpu_type), col(Node.gpu_count), func.count()).group_by(col(Node.gpu_type), col(Node.gpu_count))
+        counts = (await session.execute(shape_query)).all()
+        label_sets = (await session.execute(select(cast(col(Node.labels), String)).distinct())).scalars().all()
+    shapes: dict[str, dict[int, int]] = {}
+    for gpu_type, per_node, nodes in counts:
+        shapes.setdefault(gpu_type, {})[per_node] = nodes
+    levels = {"node"}
+    for raw in label_sets:
+        levels.update(json.loads(raw) if raw else {})
+    return FleetShape(shapes=shapes, levels=frozenset(levels))
 
 
 # ---------------------------------------------------------------- jobs

@@ -358,3 +358,15 @@ async def test_a_fault_injected_while_a_report_is_assessed_is_kept(seeded: Datab
     [after] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
     assert "injected" not in after.health
     assert await repo.inject_gpu_fault(seeded, node_id="h9", index=0, fault={"kind": "thermal"}) is None
+
+
+async def test_the_fleet_shape_for_admission_is_counted_per_node_shape(seeded: Database) -> None:
+    shape = await repo.fleet_shape(seeded)
+    assert shape.shapes == {"H100-80GB": {8: 2}, "L40S": {4: 1}}
+    assert shape.levels == {"node", "leaf", "spine"}
+    await repo.register_node(
+        seeded, node_id="x1", gpu_type="L40S", gpu_count=2, labels={"rack": "r9"}, boot_id="b", gpus=[{"index": 0}, {"index": 1}]
+    )
+    shape = await repo.fleet_shape(seeded)
+    assert shape.shapes == {"H100-80GB": {8: 2}, "L40S": {4: 1, 2: 1}}
+    assert shape.levels == {"node", "leaf", "spine", "rack"}

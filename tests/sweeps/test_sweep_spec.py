@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from temporalio.client import ScheduleOverlapPolicy
 
-from activities.sweeps import fleet_shape, scheduled_run_key, scheduled_sweep_id, scheduled_workflow_id, sweep_summary
+from activities.sweeps import scheduled_run_key, scheduled_sweep_id, scheduled_workflow_id, sweep_summary
 from api.sweeps import OVERLAP
 from fairgang.spec import SpecError
 from fairgang.sweeps import OVERLAP_POLICIES, load_schedule_text, load_sweep_text, parse_metrics, parse_schedule, parse_sweep, trial_job_id
@@ -165,7 +165,6 @@ def test_scheduled_sweep_ids_are_stable_and_short() -> None:
     a = scheduled_sweep_id("sched-alpha-nightly-2026-01-01T02:00:00Z")
     assert a == scheduled_sweep_id("sched-alpha-nightly-2026-01-01T02:00:00Z") != scheduled_sweep_id("sched-alpha-nightly-x")
     assert len(trial_job_id(a, 9999)) <= 40
-    assert callable(fleet_shape)
 
 
 def test_two_runs_under_one_scheduled_workflow_id_are_two_sweeps() -> None:
