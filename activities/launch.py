@@ -1,9 +1,13 @@
 """The launch activity: run one gang member's process on this node (SPEC R5.1).
 
 It runs as an async activity on the node's task queue. The process runs under a small
-supervisor (``worker_agent/shim.py``) in a process group of its own; on cancellation (preempt, cancel, max runtime, a failed gang member)
-the whole group gets SIGTERM, the activity keeps heartbeating through the grace period,
-then SIGKILLs what is left. The workflow waits for that cancellation to complete, so the
+supervisor (``worker_agent/shim.py``) in a process group of its own. To stop it (preempt, cancel, max
+runtime, a failed gang member, a lost node) the workflow runs the short ``stop`` activity on the same
+queue (:meth:`LaunchActivities.stop`): the whole group gets SIGTERM at once, the launch activity keeps
+heartbeating through the grace period counted from that SIGTERM, SIGKILLs what is left and returns
+"terminated". The workflow also cancels the launch activity, which reaches it only with a heartbeat
+answer (the SDK sends heartbeats at most every 0.8 x heartbeat timeout): the same stop, kept for a
+workflow or an agent from before the ``stop`` activity. The workflow waits for the launch to end, so the
 GPUs are released only after the processes are gone. When the agent itself dies, the shim
 does the same stop on its own, so a member that ignores SIGTERM still ends one grace
 period later; and each member holds a lease that its agent renews only with heartbeat
@@ -39,13 +43,15 @@ from temporalio.exceptions import ApplicationError
 
 from worker_agent.shim import lease_clock
 from workflows.job import MEMBER_FENCED
-from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted
+from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
 
 HEARTBEAT_EVERY_S = 1.0
 #: Past a container's grace period, how long its shim gets to finish stopping it (the CLI's own time).
 CONTAINER_STOP_MARGIN_S = 10.0
 PR_SET_PDEATHSIG = 1
 LATEST_MARKER = "LATEST"
+#: How long a stop for an allocation with no member here is remembered (its launch may not have begun).
+STOP_REQUEST_TTL_S = 3600.0
 log = logging.getLogger("fairgang.launch")
 
 
@@ -123,6 +129,16 @@ class RunningMember:
     lease_until: float = float("inf")
     #: The write end of its shim's keepalive pipe (-1: none).
     keepalive_fd: int = -1
+    #: Its shim reported the member's process started (a SIGTERM now reaches the shim's handler).
+    started: bool = False
+    #: When the agent sent its group SIGTERM (time.monotonic()): its grace period counts from then.
+    term_at: float | None = None
+    #: Set by a stop request: its launch activity stops it.
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+#: RunningMember fields that live only in this process (not written to the state file).
+_LOCAL_FIELDS = ("proc", "keepalive_fd", "started", "term_at", "stop")
 
 
 class LaunchActivities:
@@ -154,10 +170,14 @@ class LaunchActivities:
         self.running: dict[str, RunningMember] = {}
         #: Allocations whose processes the agent killed on its own (fencing); their end is not the job's.
         self.fenced: set[str] = set()
+        #: allocation id -> when a stop came for it with no member here (time.monotonic()).
+        self.stop_requests: dict[str, float] = {}
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
         launched_at = lease_clock()
+        if self.stop_requests.pop(inp.allocation_id, None) is not None:
+            return LaunchResult(exit_code=None, how="terminated", error="stopped before it started")
         # The lease starts when the activity started (the store held the allocation then: the workflow revokes
         # it only after this activity's end), read on this node's clock.
         started = activity.info().started_time.timestamp()
@@ -202,6 +222,8 @@ class LaunchActivities:
         member.gpu_indices, member.launched_at = list(inp.gpu_indices), launched_at
         member.lease_until, member.keepalive_fd = lease_until, keep_w
         self.running[inp.allocation_id] = member
+        if self.stop_requests.pop(inp.allocation_id, None) is not None:
+            member.stop.set()  # the stop came while the process was being started
         self._save_state(member)
         try:
             job_pid = proc.pid
@@ -216,6 +238,7 @@ class LaunchActivities:
                     error = status.removeprefix("error ").strip() or f"the member's supervisor ended with {proc.returncode}"
                     return LaunchResult(exit_code=127, how="start_failed", error=error)
                 job_pid = int(status.split()[1])
+            member.started = True
             await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=job_pid))
             return await self._watch(member, inp, ckpt)
         finally:
@@ -223,6 +246,32 @@ class LaunchActivities:
             self._drop_state(member)
             # A shim whose keepalive pipe closes stops its member at once: nothing runs without its activity.
             _close(member.keepalive_fd)
+
+    @activity.defn(name="stop")
+    async def stop(self, inp: StopInput) -> StopResult:
+        """Stop a member now (the workflow's cancel, preempt, max runtime, a failed or lost gang member).
+
+        Idempotent: a repeat, or a stop for an attempt that already ended here, sends nothing.
+        """
+        outcome = self.request_stop(inp.allocation_id)
+        log.info("stop of %s rank %d (allocation %s, %s): %s", inp.job_id, inp.rank, inp.allocation_id, inp.reason, outcome)
+        return StopResult(outcome=outcome)
+
+    def request_stop(self, allocation_id: str) -> str:
+        """SIGTERM the allocation's member now; its launch activity waits out the grace period and SIGKILLs it."""
+        member = self.running.get(allocation_id)
+        if member is None:
+            now = time.monotonic()
+            for old in [a for a, t in self.stop_requests.items() if t < now - STOP_REQUEST_TTL_S]:
+                del self.stop_requests[old]
+            self.stop_requests[allocation_id] = now
+            return "absent"
+        if member.stop.is_set():
+            return "stopping"
+        member.stop.set()
+        if member.started:
+            terminate(member)
+        return "signalled"
 
     def _command(self, inp: LaunchInput, ckpt: Path, container: str) -> tuple[list[str], dict[str, str]]:
         """What to exec, and with which environment, for this node's runtime."""
@@ -260,14 +309,21 @@ class LaunchActivities:
         proc = member.proc
         assert proc is not None
         reported = read_latest_marker(ckpt, self._job_view(inp, ckpt))  # what an earlier attempt left is not news
+        exited = asyncio.ensure_future(proc.wait())
+        stop_asked = asyncio.ensure_future(member.stop.wait())
         try:
             while True:
                 activity.heartbeat()
                 reported = await self._report_checkpoint(inp, ckpt, reported)
-                try:
-                    code = await asyncio.wait_for(asyncio.shield(proc.wait()), HEARTBEAT_EVERY_S)
-                except TimeoutError:
-                    continue
+                if member.stop.is_set():
+                    # A stop activity: SIGTERM (unless it sent it), the grace period from that SIGTERM, SIGKILL.
+                    code = await stop_member(member, heartbeat=activity.heartbeat)
+                    reported = await self._report_checkpoint(inp, ckpt, reported)
+                    return LaunchResult(exit_code=code, how="terminated", checkpoint=reported or None)
+                await asyncio.wait((exited, stop_asked), timeout=HEARTBEAT_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
+                if member.stop.is_set() or not exited.done():
+                    continue  # stopped (it may have exited of the SIGTERM already): "terminated", above
+                code = exited.result()
                 await self._report_checkpoint(inp, ckpt, reported)
                 if inp.allocation_id in self.fenced or (code != 0 and lease_clock() >= member.lease_until):
                     raise ApplicationError(
@@ -280,6 +336,9 @@ class LaunchActivities:
             await stop_member(member, heartbeat=activity.heartbeat)
             await self._report_checkpoint(inp, ckpt, reported)
             raise
+        finally:
+            stop_asked.cancel()
+            exited.cancel()
 
     # ------------------------------------------------------------ state kept across agent restarts
 
@@ -293,7 +352,7 @@ class LaunchActivities:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {k: v for k, v in vars(member).items() if k not in ("proc", "keepalive_fd")}
+        data = {k: v for k, v in vars(member).items() if k not in _LOCAL_FIELDS}
         data["start_time"] = process_start_time(member.pid)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
@@ -423,24 +482,38 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | None = None) -> None:
-    """SIGTERM, the member's grace period (heartbeating), then SIGKILL: a process group or a container."""
+def terminate(member: RunningMember) -> None:
+    """SIGTERM the member's process group, once: its grace period counts from this first SIGTERM."""
+    if member.term_at is not None:
+        return
+    member.term_at = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(member.pid, signal.SIGTERM)
+
+
+async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | None = None) -> int | None:
+    """SIGTERM (once), the member's grace period from that SIGTERM (heartbeating), then SIGKILL: a process
+    group or a container. Its exit status, when this process started it. Safe to call again (a cancel that
+    comes while a stop activity's stop is under way): nothing is sent twice and the grace period does not
+    start over."""
     if not member.container:
         if member.proc is not None:
-            await stop_process_group(member.proc, member.grace_period_s, heartbeat)
-        else:
-            await stop_pid_group(member.pid, member.grace_period_s)
-        return
+            terminate(member)
+            return await stop_process_group(member.proc, member.grace_period_s, heartbeat, signalled_at=member.term_at)
+        await stop_pid_group(member.pid, member.grace_period_s)
+        return None
     if member.proc is not None:
         # Our shim runs the container: SIGTERM to its group, and it stops the container by name (SIGTERM once,
         # the grace period, SIGKILL) and ends with `run`'s status. The margin is for the CLI's own time.
-        await stop_process_group(member.proc, member.grace_period_s + CONTAINER_STOP_MARGIN_S, heartbeat)
+        terminate(member)
+        grace = member.grace_period_s + CONTAINER_STOP_MARGIN_S
+        code = await stop_process_group(member.proc, grace, heartbeat, signalled_at=member.term_at)
         for words in (("kill", "--signal", "KILL"), ("rm", "-f")):  # in case the shim could not finish
             cleanup = await asyncio.create_subprocess_exec(
                 member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
             )
             await cleanup.wait()
-        return
+        return code
     # A previous agent's container (its shim stopped it already, unless it died too): `<cli> stop -t N`
     # sends it SIGTERM and SIGKILL after N seconds.
     stopper = await asyncio.create_subprocess_exec(
@@ -456,19 +529,27 @@ async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | Non
         member.runtime, "rm", "-f", member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     await remover.wait()
+    return None
 
 
-async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float, heartbeat: Callable[[], None] | None = None) -> int:
-    """SIGTERM the process group, wait up to ``grace_s`` (heartbeating), then SIGKILL it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while proc.returncode is None and loop.time() < deadline:
+async def stop_process_group(
+    proc: asyncio.subprocess.Process, grace_s: float, heartbeat: Callable[[], None] | None = None, signalled_at: float | None = None
+) -> int:
+    """SIGTERM the process group, wait up to ``grace_s`` after that SIGTERM (heartbeating), then SIGKILL it.
+
+    With ``signalled_at`` (time.monotonic()) the group got its SIGTERM then: none is sent, the grace period
+    counts from then.
+    """
+    if signalled_at is None:
+        signalled_at = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = signalled_at + grace_s
+    while proc.returncode is None and time.monotonic() < deadline:
         if heartbeat is not None:
             heartbeat()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), min(HEARTBEAT_EVERY_S, max(deadline - loop.time(), 0.01)))
+            await asyncio.wait_for(asyncio.shield(proc.wait()), min(HEARTBEAT_EVERY_S, max(deadline - time.monotonic(), 0.01)))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     return await proc.wait()

@@ -80,7 +80,7 @@ class NodeAgent:
             )
         self.registered = False
         self.last_contact = time.monotonic()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
 
     async def register(self) -> None:
         inventory = self.gpus.inventory()
@@ -120,7 +120,7 @@ class NodeAgent:
             log.warning("fencing allocation %s: the store no longer holds it", allocation_id)
             self.launcher.kill(allocation_id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -175,7 +175,9 @@ class NodeAgent:
         worker = Worker(
             client,
             task_queue=node_task_queue(self.node_id),
-            activities=[self.launcher.launch],
+            # `stop` is how a cancel or preemption reaches a member at once: the launch activity's own
+            # cancellation arrives only with a heartbeat answer, and heartbeats are throttled.
+            activities=[self.launcher.launch, self.launcher.stop],
             max_concurrent_activities=64,
             # No graceful timeout: a stopping agent cancels its launch activities at once, and each
             # stops its member (SIGTERM, grace, SIGKILL) before the worker finishes shutting down.

@@ -38,6 +38,8 @@ with workflow.unsafe.imports_passed_through():
         QueuedInput,
         RequeueInput,
         RevokeInput,
+        StopInput,
+        StopResult,
         TransitionInput,
     )
 
@@ -61,6 +63,10 @@ FENCE_MARGIN_S = 5.0
 #: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
 MEMBER_FENCED = "MemberFenced"
 FENCE_PATCH = "fence-unconfirmed-members"
+#: Stopping a gang sends each running member's node a `stop` activity as well as cancelling its launch.
+STOP_PATCH = "stop-members-directly"
+#: The stop activity runs in the agent and returns at once; a retry covers a transient error.
+STOP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2))
 
 
 def _record_outcome(results: dict[int, LaunchResult | BaseException], rank: int, handle: asyncio.Future[LaunchResult]) -> None:
@@ -332,6 +338,13 @@ class TrainingJobWorkflow:
                 continue
             break
         stopping = len(results) < world
+        stops: list[asyncio.Future[StopResult]] = []
+        # Histories from before the stop activity replay as they ran (the stop reached members with a heartbeat).
+        if stopping and workflow.patched(STOP_PATCH):
+            why = self._stop_reason(timed_out)
+            for member, handle in zip(members, handles, strict=True):
+                if not handle.done():
+                    stops.append(self._stop_member(job, placement, member.node_id, member.rank, why))
         if stopping and self.s.preempt is not None and self.s.cancel is None and not timed_out:
             await self._transition("PREEMPTING", f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
         if stopping:
@@ -339,9 +352,40 @@ class TrainingJobWorkflow:
                 if not handle.done():
                     handle.cancel()
             await asyncio.gather(*handles, return_exceptions=True)
+            # A stop still waiting in a dead node's queue is moot once every launch has ended.
+            for stop in stops:
+                if not stop.done():
+                    stop.cancel()
+            await asyncio.gather(*stops, return_exceptions=True)
         judged = self._judge(results, timed_out=timed_out, stopping=stopping)
         judged.unconfirmed = [rank for rank, r in sorted(results.items()) if not confirmed_end(r)]
         return judged
+
+    def _stop_member(self, job: JobInput, placement: Placement, node_id: str, rank: int, why: str) -> asyncio.Future[StopResult]:
+        """The `stop` activity on the member's node: its agent SIGTERMs the member at once (the launch activity's
+        own cancellation reaches it only with a heartbeat answer, which the SDK throttles to 0.8 x the heartbeat
+        timeout); the launch then waits out the grace period from that SIGTERM, SIGKILLs and ends "terminated"."""
+        stop = StopInput(job_id=job.job_id, allocation_id=placement.allocation_id, attempt=self.s.attempt, rank=rank, reason=why)
+        return workflow.start_activity(
+            "stop",
+            stop,
+            task_queue=f"node-{node_id}",
+            # A node that does not answer in this time is handled as lost (its launch's heartbeat times out).
+            schedule_to_close_timeout=timedelta(seconds=max(job.heartbeat_timeout_s, 10.0)),
+            retry_policy=STOP_RETRY,
+            result_type=StopResult,
+        )
+
+    def _stop_reason(self, timed_out: bool) -> str:
+        if self.s.cancel is not None:
+            return f"cancel: {self.s.cancel.reason}"
+        if timed_out:
+            return "max runtime reached"
+        if self.s.preempt is not None:
+            return f"preempt: {self.s.preempt.reason}"
+        if self.s.lost_nodes:
+            return f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost"
+        return "another member of the gang ended"
 
     def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, stopping: bool) -> GangResult:
         """How the attempt ended. What the platform asked for comes first, then what happened."""
@@ -360,12 +404,12 @@ class TrainingJobWorkflow:
                     return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
                 if r.cause.type == TimeoutType.SCHEDULE_TO_START:
                     return GangResult("lost", None, f"member {rank} lost (its node did not pick it up)")
-        # The job's own failures first: the members the workflow cancelled because of them are not news.
+        # The job's own failures first: the members the workflow stopped because of them are not news.
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, LaunchResult) and r.how == "start_failed":
                 return GangResult("failed", r.exit_code, f"member {rank} could not start: {r.error}")
-            if isinstance(r, LaunchResult) and r.exit_code != 0:
+            if isinstance(r, LaunchResult) and r.exit_code != 0 and r.how != "terminated":
                 return GangResult("failed", r.exit_code, f"member {rank} exited with code {r.exit_code}")
         for rank in sorted(results):
             r = results[rank]

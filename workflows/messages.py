@@ -134,10 +134,31 @@ class LaunchInput:
 @dataclass
 class LaunchResult:
     exit_code: int | None
-    #: How the process ended: "exited", "terminated" (stopped by the platform), "start_failed".
+    #: How the process ended: "exited", "terminated" (stopped by a ``stop`` activity: SIGTERM, the grace
+    #: period, SIGKILL; or never started because its stop came first), "start_failed".
     how: str = "exited"
     error: str = ""
     checkpoint: str | None = None
+
+
+@dataclass
+class StopInput:
+    """Stop one gang member now, on the node whose task queue runs this: SIGTERM to its process group,
+    SIGKILL one grace period after that SIGTERM. The member's launch activity then ends as "terminated"."""
+
+    job_id: str
+    allocation_id: str
+    attempt: int
+    rank: int
+    reason: str = ""
+
+
+@dataclass
+class StopResult:
+    #: "signalled" (SIGTERM sent now, or at once when its process has started), "stopping" (a stop came
+    #: before: nothing sent again), "absent" (nothing of the allocation runs here: its launch ended, or has
+    #: not begun, and then it will not start the member).
+    outcome: str
 
 
 @dataclass
