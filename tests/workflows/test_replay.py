@@ -1,0 +1,34 @@
+"""Recorded job workflow histories replay on the current workflow code (a change that is not guarded by
+``workflow.patched`` fails here with a non-determinism error).
+
+``histories/``: a cancel of a running job, and a preemption of a running 2-member gang followed by a cancel
+of its next attempt, each recorded with the workflow from before the `stop` activity (the stop reached the
+members only with the launch's heartbeat) and with the workflow that sends it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from workflows.job import TrainingJobWorkflow
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_recorded_history_replays(path: Path) -> None:
+    await Replayer(workflows=[TrainingJobWorkflow]).replay_workflow(load(path))
+
+
+def test_every_kind_of_history_is_there() -> None:
+    assert {p.stem for p in HISTORIES} >= {
+        "before-stop-activity-cancel", "before-stop-activity-preempt", "with-stop-activity-cancel", "with-stop-activity-preempt",
+    }  # fmt: skip
