@@ -72,19 +72,20 @@ TENANT_COLUMNS = (col(Tenant.name), col(Tenant.weight), col(Tenant.cohort), col(
 async def read_rows(session: AsyncSession) -> Rows:
     """Every row a cycle needs. The GPUs a live allocation holds are its members (``allocation_gpu`` holds the
     same GPUs, written in the same transaction), so the caller derives them from the members it keeps."""
-    nodes = (await session.execute(select(*NODE_COLUMNS).order_by(col(Node.id)))).all()
+    conn = await session.connection()  # Core execution: no ORM layer over plain column rows
+    nodes = (await conn.execute(select(*NODE_COLUMNS).order_by(col(Node.id)))).all()
     gpu_rows = (
-        await session.execute(
+        await conn.execute(
             select(col(Gpu.node_id), func.count(), func.min(col(Gpu.index)), func.max(col(Gpu.index))).group_by(col(Gpu.node_id))
         )
     ).all()
-    unhealthy = (await session.execute(select(col(Gpu.node_id), col(Gpu.index)).where(not_(col(Gpu.healthy))))).all()
+    unhealthy = (await conn.execute(select(col(Gpu.node_id), col(Gpu.index)).where(not_(col(Gpu.healthy))))).all()
     queued_filter = (col(Job.state) == JobState.QUEUED.value, col(Job.workflow_started))
-    queued = (await session.execute(select(*QUEUED_COLUMNS).where(*queued_filter).order_by(col(Job.queued_at), col(Job.id)))).all()
+    queued = (await conn.execute(select(*QUEUED_COLUMNS).where(*queued_filter).order_by(col(Job.queued_at), col(Job.id)))).all()
     live_query = select(*LIVE_COLUMNS).join(Job, col(Job.id) == col(Allocation.job_id))
-    live = (await session.execute(live_query.where(col(Allocation.state).in_(LIVE_ALLOCATION_STATES)).order_by(col(Allocation.id)))).all()
-    revoked = (await session.execute(select(col(Allocation.id)).where(col(Allocation.state) == REVOKED))).scalars().all()
-    tenants = (await session.execute(select(*TENANT_COLUMNS).order_by(col(Tenant.name)))).all()
+    live = (await conn.execute(live_query.where(col(Allocation.state).in_(LIVE_ALLOCATION_STATES)).order_by(col(Allocation.id)))).all()
+    revoked = (await conn.execute(select(col(Allocation.id)).where(col(Allocation.state) == REVOKED))).scalars().all()
+    tenants = (await conn.execute(select(*TENANT_COLUMNS).order_by(col(Tenant.name)))).all()
     return Rows(nodes=nodes, gpu_rows=gpu_rows, unhealthy=unhealthy, queued=queued, live=live, revoked=revoked, tenants=tenants)
 
 
