@@ -13,7 +13,7 @@ time its computation ended (``computed_at``, also the ``X-Computed-At`` header),
 
 - the first request for a view waits (up to ``FIRST_WAIT_S``) for the one computation in flight;
 - after a change of the store, a view that is cheap to compute (under ``QUICK_CPU_S`` of CPU
-  last time: a small fleet) is recomputed before the request is answered (up to
+  last time, one-time costs aside: a small fleet) is recomputed before the request is answered (up to
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the refresher recomputes it;
 - the refresher spends at most about half its time on one view: a computation that took
@@ -23,9 +23,11 @@ time its computation ended (``computed_at``, also the ``X-Computed-At`` header),
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,10 +50,16 @@ log = logging.getLogger("fairgang.api.views")
 MAX_AGE_S = 5.0
 #: A view whose last computation cost less CPU than this is recomputed for a request after a change.
 QUICK_CPU_S = 0.1
+#: A first computation that cost less CPU than this is repeated at once to learn the view's steady cost.
+CALIBRATE_CPU_S = 1.0
 #: How long a request waits for a view's first computation.
 FIRST_WAIT_S = 120.0
 #: How long a request waits for a cheap view's recomputation before it is answered the older one.
 FRESH_WAIT_S = 5.0
+#: A view whose computation took t seconds is not started again within REST_FACTOR * t seconds of its end.
+REST_FACTOR = 2.0
+#: A forward simulation of the queue that cost more CPU than this runs in a worker process next time.
+PROCESS_CPU_S = 0.5
 #: How often the refresher looks at the store's version while views are asked for.
 POLL_S = 0.5
 #: A view nobody asked for within this long is no longer refreshed; with none left, the refresher ends.
@@ -118,12 +126,15 @@ class Round:
         queued: Sequence[Job] = await self.part("queued", lambda: repo.queued_jobs(self.db))
         return queued
 
-    async def value(self, name: str) -> Any:
-        """A view's value at this round's version: the cached one if it covers it, else computed (and published) now."""
+    async def view(self, name: str) -> View:
+        """A view at this round's version: the cached one if it covers it, else computed (and published) now."""
         cached = self.views.cached(name)
         if cached is not None and cached.covers(self.key):
-            return cached.value
-        return (await self.views.compute(name, self)).value
+            return cached
+        return await self.views.compute(name, self)
+
+    async def value(self, name: str) -> Any:
+        return (await self.view(name)).value
 
 
 # ---------------------------------------------------------------- the views
@@ -157,8 +168,7 @@ async def _queue(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str
     snapshot = await r.snapshot()
     names = await repo.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
     learned = insight.learned_runtimes(await repo.finished_runtimes(r.db))
-    # The refresher's own thread: CPU-heavy, but off the API's event loop.
-    view = insight.estimate_queue(snapshot, names, learned, r.now)
+    view = await r.views.estimate(snapshot, names, learned, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = tuple(
@@ -223,6 +233,11 @@ class ViewCache:
         self._stop = False
         #: How many times each view was computed (for tests and the benchmark).
         self.computations: dict[str, int] = {}
+        #: The last forward simulation's CPU seconds, and the worker process that runs costly ones.
+        self._simulation_cpu_s = 0.0
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        #: CPU seconds spent in the worker process, counted into the cost of the views that used it.
+        self._worker_cpu_s = 0.0
 
     # -- the API's side
 
@@ -242,8 +257,7 @@ class ViewCache:
             return view
         if view is None:
             wait = FIRST_WAIT_S
-        elif view.cpu_s < QUICK_CPU_S or self.computations.get(name, 0) < 2:
-            # Cheap, or computed only once (a first computation includes one-time costs): recompute for this request.
+        elif view.cpu_s < QUICK_CPU_S:
             wait = FRESH_WAIT_S
         else:
             self._request(name, None)
@@ -284,7 +298,7 @@ class ViewCache:
                 loop.call_soon_threadsafe(wake.set)
 
     def close(self) -> None:
-        """Stop the refresher (it ends after its current computation)."""
+        """Stop the refresher (it ends after its current computation) and its worker process."""
         with self._lock:
             self._stop = True
             thread, loop, wake = self._thread, self._loop, self._wake
@@ -293,6 +307,30 @@ class ViewCache:
                 loop.call_soon_threadsafe(wake.set)
         if thread is not None:
             thread.join(timeout=10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    async def estimate(
+        self, snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
+    ) -> insight.QueueView:
+        """The forward simulation: in the refresher's thread while it is cheap, else in a worker process.
+
+        Pure Python for seconds at scale: in a thread it would hold the interpreter lock against
+        the API's loop in the same process; a worker process runs it on its own.
+        """
+        if self._simulation_cpu_s < PROCESS_CPU_S:
+            cpu = time.thread_time()
+            view = insight.estimate_queue(snapshot, names, learned, now)
+            self._simulation_cpu_s = time.thread_time() - cpu
+            return view
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        view, self._simulation_cpu_s = await asyncio.get_running_loop().run_in_executor(
+            self._pool, _estimate_in_worker, snapshot, names, learned, now
+        )
+        self._worker_cpu_s += self._simulation_cpu_s
+        return view
 
     def _notify(self) -> None:
         with self._lock:
@@ -347,7 +385,11 @@ class ViewCache:
                     if resting and wanted is None:
                         continue
                     try:
-                        await pass_.value(name)
+                        view = await pass_.view(name)
+                        if self.computations.get(name) == 1 and view.cpu_s < CALIBRATE_CPU_S:
+                            # A first computation includes one-time costs (connections, compiling the queries):
+                            # repeat a cheap one at once, so that the cost the rules go by is its steady one.
+                            await self.compute(name, Round(self, db, key, time.time()))
                     except Exception as err:  # kept for the waiting requests; retried next pass
                         log.exception("views: computing %s failed", name)
                         with self._lock:
@@ -359,7 +401,7 @@ class ViewCache:
 
     async def compute(self, name: str, pass_: Round) -> View:
         """Compute one view in the refresher and publish it, stamped when its computation ended."""
-        cpu, wall = time.thread_time(), time.perf_counter()
+        cpu, wall, worker = time.thread_time(), time.perf_counter(), self._worker_cpu_s
         value, encode = await COMPUTE[name](pass_)
         computed_at = time.time()
         body, parts = encode(computed_at)
@@ -370,19 +412,27 @@ class ViewCache:
             body=body,
             parts=parts,
             computed_at=computed_at,
-            cpu_s=time.thread_time() - cpu,
+            cpu_s=time.thread_time() - cpu + self._worker_cpu_s - worker,
             wall_s=time.perf_counter() - wall,
         )
         with self._lock:
             self._views[name] = view
             self._failed.pop(name, None)
             self.computations[name] = self.computations.get(name, 0) + 1
-            self._not_before[name] = time.monotonic() + view.wall_s
+            self._not_before[name] = time.monotonic() + REST_FACTOR * view.wall_s
             wanted = self._wanted.get(name)
             if wanted is not None and all(a >= b for a, b in zip(pass_.key, wanted, strict=True)):
                 del self._wanted[name]
         self._notify()
         return view
+
+
+def _estimate_in_worker(
+    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
+) -> tuple[insight.QueueView, float]:
+    cpu = time.process_time()
+    view = insight.estimate_queue(snapshot, names, learned, now)
+    return view, time.process_time() - cpu
 
 
 def _settle(future: asyncio.Future[None]) -> None:
