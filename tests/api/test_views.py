@@ -251,3 +251,22 @@ async def test_queue_wait_histogram_in_sql_matches_every_wait(seeded: Database) 
         assert got[key].count == len(values)
         assert got[key].at_most == tuple(sum(1 for v in values if v <= b) for b in WAIT_BUCKETS)
         assert got[key].sum_s == pytest.approx(sum(values), rel=1e-9)
+
+
+async def test_a_costly_simulation_runs_in_a_worker_process_with_the_same_answer(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, state = served
+    for name, token in (("a1", ALPHA), ("b1", BETA), ("a2", ALPHA)):
+        tenant = "alpha" if token is ALPHA else "beta"
+        job = (await client.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=token)).json()
+        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+    in_thread = (await client.get("/v1/queue", headers=ADMIN)).json()
+    assert [e["job"]["name"] for e in in_thread] == ["a1", "b1", "a2"]
+    monkeypatch.setattr(views, "PROCESS_CPU_S", 0.0)  # every simulation counts as costly
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+
+    async def in_worker() -> bool:
+        return state.views._pool is not None and state.views.computations["queue"] >= 3
+
+    await eventually("a simulation in the worker process", in_worker)
+    answer = (await client.get("/v1/queue", headers=ADMIN)).json()
+    assert [(e["position"], e["job"]["id"]) for e in answer] == [(e["position"], e["job"]["id"]) for e in in_thread]
