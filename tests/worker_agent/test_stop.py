@@ -37,6 +37,11 @@ while True:
 """
 
 
+#: The member's records lag the events they record when it is not scheduled at once (a loaded machine),
+#: which only makes the grace checks stricter: this much is allowed for it.
+LAG_S = 0.5
+
+
 def launch_input(tmp_path: Path, allocation_id: str, grace: float) -> LaunchInput:
     return LaunchInput(
         job_id="j", attempt=1, allocation_id=allocation_id, node_id="h1", rank=0, world_size=1, gpu_indices=[0],
@@ -88,8 +93,8 @@ async def test_a_stop_terms_the_member_at_once_and_kills_it_one_grace_period_aft
     assert result.exit_code == -signal.SIGKILL
     assert not pid_alive(pid)
     [term] = times(tmp_path / "term")
-    # It was alive through the whole grace period after its one SIGTERM (20 ms between records), then SIGKILLed.
-    assert max(times(tmp_path / "alive")) >= term + grace - 0.05
+    # It was alive through the whole grace period after its one SIGTERM, then SIGKILLed.
+    assert max(times(tmp_path / "alive")) >= term + grace - LAG_S
     # The attempt ended: a late stop finds nothing and does nothing.
     assert (await ActivityEnvironment().run(launcher.stop, stop_input("a-1"))).outcome == "absent"
     assert launcher.running == {}
@@ -111,7 +116,7 @@ async def test_a_cancel_during_a_stops_grace_period_neither_terms_again_nor_rest
         await asyncio.wait_for(launch, 60)
     # One SIGTERM (the cancel sent none), and the member lived through the grace period counted from it.
     [term] = times(tmp_path / "term")
-    assert max(times(tmp_path / "alive")) >= term + grace - 0.05
+    assert max(times(tmp_path / "alive")) >= term + grace - LAG_S
     assert launcher.running == {}
 
 

@@ -40,6 +40,10 @@ SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
 HEARTBEAT_S = 300.0
 #: How long a test waits for an outcome: far below the 240 s until a launch's second heartbeat.
 BOUND_S = 30.0
+GRACE_S = 2.0
+#: The member's records lag the events they record when it is not scheduled at once (a loaded machine),
+#: which only makes the grace checks stricter: this much is allowed for it.
+LAG_S = 0.5
 
 #: argv[1]/r<rank>: pid, term (each SIGTERM's wall time; ignored), alive (every 20 ms). With FAIL_RANK=<rank>
 #: that rank exits 5 a second after it started.
@@ -107,7 +111,7 @@ class Harness:
         d = self.tmp / name
         d.mkdir()
         spec = job_spec(
-            name=name, entrypoint=[sys.executable, "-c", MEMBER, str(d)], gpu_count=gpus, grace_period="2s",
+            name=name, entrypoint=[sys.executable, "-c", MEMBER, str(d)], gpu_count=gpus, grace_period=f"{GRACE_S:g}s",
             checkpoint_dir=f"/ckpt/alpha/{name}", env=env,
         )  # fmt: skip
         job, _ = await repo.create_job(self.db, spec=spec, tenant="alpha")
@@ -134,10 +138,10 @@ async def harness(store: Database, tmp_path: Path) -> AsyncIterator[Harness]:
         await env.shutdown()
 
 
-def assert_stopped_after_a_whole_grace(d: Path, grace: float = 2.0) -> float:
+def assert_stopped_after_a_whole_grace(d: Path) -> float:
     """The member got exactly one SIGTERM, lived through the grace period counted from it, and is gone."""
     [term] = times(d / "term")
-    assert max(times(d / "alive")) >= term + grace - 0.05, "SIGKILLed before the grace period after the SIGTERM ran out"
+    assert max(times(d / "alive")) >= term + GRACE_S - LAG_S, "SIGKILLed before the grace period after the SIGTERM ran out"
     assert not pid_alive(int((d / "pid").read_text()))
     return term
 
@@ -150,7 +154,7 @@ async def test_cancel_reaches_the_member_without_a_heartbeat_and_the_grace_count
     term = assert_stopped_after_a_whole_grace(d / "r0")
     # The end was recorded after the member was gone, so after SIGTERM + grace.
     ended = next(e for e in await repo.job_events(harness.db, job_id) if e.kind == "CANCELLED")
-    assert ended.ts >= term + 2.0 - 0.05
+    assert ended.ts >= term + GRACE_S - LAG_S
 
 
 async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after_the_grace(harness: Harness) -> None:
@@ -164,7 +168,7 @@ async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after
     term = assert_stopped_after_a_whole_grace(d / "r0")
     events = await repo.job_events(harness.db, job_id)
     requeued = next(e for e in events if e.kind == "REQUEUED")
-    assert requeued.message == "preempted: by the test" and requeued.ts >= term + 2.0 - 0.05
+    assert requeued.message == "preempted: by the test" and requeued.ts >= term + GRACE_S - LAG_S
     # Attempt 2 waits in the queue (no placement cycle runs now): a cancel ends it.
     await temporal.signal_cancel(harness.client, job_id=job_id, reason="done")
     assert (await asyncio.wait_for(handle.result(), BOUND_S)).state == "CANCELLED"
