@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import String, bindparam, cast, func, not_, or_, select, update
+from sqlalchemy import String, bindparam, case, cast, func, literal, not_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
@@ -921,30 +921,87 @@ async def set_trial_metrics(db: Database, *, sweep_id: str, index: int, metrics:
 
 
 @dataclass(frozen=True)
-class StartedAttempt:
-    """A job whose current attempt has started: how long that attempt waited in the queue."""
+class StartedWaits:
+    """Jobs of one (tenant, GPU type, GPU count) whose current attempt started: how long those attempts waited in the queue."""
 
     tenant: str
     gpu_type: str
     gpu_count: int
-    waited_s: float
+    count: int
+    sum_s: float
+    #: How many waited at most each of the given bounds (cumulative, as a histogram's buckets).
+    at_most: tuple[int, ...]
 
 
-async def started_attempt_waits(db: Database) -> list[StartedAttempt]:
-    """Every job whose current attempt started (RUNNING or ended after running), with its queue wait."""
+async def started_attempt_waits(db: Database, bounds: Sequence[float]) -> list[StartedWaits]:
+    """The queue waits of every job whose current attempt started (RUNNING or ended after running), counted in SQL."""
+    wait = col(Job.started_at) - col(Job.queued_at)
+    buckets = [func.sum(case((wait <= bound, 1), else_=0)) for bound in bounds]
     async with db.sessions() as session:
-        query = select(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count), col(Job.queued_at), col(Job.started_at)).where(
-            col(Job.started_at).is_not(None), col(Job.started_at) >= col(Job.queued_at)
+        query = (
+            select(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count), func.count(), func.sum(wait), *buckets)
+            .where(col(Job.started_at).is_not(None), col(Job.started_at) >= col(Job.queued_at))
+            .group_by(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count))
         )
         rows = (await session.execute(query)).all()
-    return [StartedAttempt(tenant=t, gpu_type=g, gpu_count=n, waited_s=float(s or 0.0) - float(q)) for t, g, n, q, s in rows]
+    return [
+        StartedWaits(tenant=t, gpu_type=g, gpu_count=n, count=int(c), sum_s=float(total or 0.0), at_most=tuple(int(b or 0) for b in rest))
+        for t, g, n, c, total, *rest in rows
+    ]
 
 
-async def event_messages(db: Database, kinds: Sequence[str]) -> list[tuple[str, str]]:
-    """(kind, message) of every job event of these kinds, oldest first."""
+def _before_colon(db: Database, text_: Any) -> Any:
+    """SQL for Python's ``text.split(":", 1)[0]``."""
+    if db.sqlite:
+        at = func.instr(text_, ":")
+        return case((at > 0, func.substr(text_, 1, at - 1)), else_=text_)
+    return func.split_part(text_, ":", 1)
+
+
+async def event_message_heads(db: Database, kinds: Sequence[str]) -> list[tuple[str, str, int]]:
+    """(kind, head, count) of the job events of these kinds, counted in SQL.
+
+    The head is the part of the message that names its reason: for PREEMPTING the text before the
+    first ``:``; for other kinds ``"preempted: "`` and the text up to the next ``:`` after it, else
+    ``"job failed"``, else ``""``. ``api.metrics.preemption_reason`` and ``requeue_reason`` give the
+    same answer for the head as for the whole message.
+    """
+    message = col(JobEvent.message)
+    prefix = "preempted: "
+    head = case(
+        (col(JobEvent.kind) == "PREEMPTING", _before_colon(db, message)),
+        (func.substr(message, 1, len(prefix)) == prefix, literal(prefix) + _before_colon(db, func.substr(message, len(prefix) + 1))),
+        (func.substr(message, 1, len("job failed")) == "job failed", literal("job failed")),
+        else_=literal(""),
+    ).label("head")
     async with db.sessions() as session:
-        query = select(col(JobEvent.kind), col(JobEvent.message)).where(col(JobEvent.kind).in_(list(kinds))).order_by(col(JobEvent.id))
-        return [(k, m) for k, m in (await session.execute(query)).all()]
+        query = select(col(JobEvent.kind), head, func.count()).where(col(JobEvent.kind).in_(list(kinds))).group_by(col(JobEvent.kind), head)
+        return [(k, h, int(n)) for k, h, n in (await session.execute(query)).all()]
+
+
+async def view_version(db: Database) -> tuple[int, int, int]:
+    """What the API's cached views are keyed on: the change feed's version and the newest job and health event ids.
+
+    Every one only grows, and one of them moves with every submission, state change, binding, cordon
+    or health event (heartbeats' measurements and timestamps move none; views also expire by age).
+    """
+    async with db.sessions() as session:
+        version = select(col(ChangeFeed.version)).where(col(ChangeFeed.id) == 1).scalar_subquery()
+        events = select(func.max(col(JobEvent.id))).scalar_subquery()
+        health = select(func.max(col(HealthEvent.id))).scalar_subquery()
+        row = (await session.execute(select(version, events, health))).one()
+    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+
+
+async def job_names(db: Database, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Job id -> (tenant, name), plain columns."""
+    out: dict[str, tuple[str, str]] = {}
+    ids = list(job_ids)
+    async with db.sessions() as session:
+        for start in range(0, len(ids), 5000):
+            query = select(col(Job.id), col(Job.tenant), col(Job.name)).where(col(Job.id).in_(ids[start : start + 5000]))
+            out.update({i: (t, n) for i, t, n in (await session.execute(query)).all()})
+    return out
 
 
 async def recent_events(db: Database, kinds: Sequence[str], *, tenant: str | None = None, limit: int = 50) -> list[tuple[JobEvent, Job]]:
@@ -1008,10 +1065,11 @@ async def jobs_by_ids(db: Database, job_ids: Sequence[str]) -> dict[str, Job]:
     return {j.id: j for j in rows}
 
 
-async def health_event_kinds(db: Database) -> list[str]:
-    """The kind of every health event (for counters)."""
+async def health_event_counts(db: Database) -> dict[str, int]:
+    """How many health events of each kind were recorded (for counters), counted in SQL."""
     async with db.sessions() as session:
-        return [k for (k,) in (await session.execute(select(col(HealthEvent.kind)))).all()]
+        query = select(col(HealthEvent.kind), func.count()).group_by(col(HealthEvent.kind))
+        return {k: int(n) for k, n in (await session.execute(query)).all()}
 
 
 async def add_health_event(
