@@ -15,16 +15,20 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+from sqlalchemy import ColumnClause, literal_column, select
+from sqlmodel import col
 
 from fairgang.settings import Settings
-from scheduler.core import Scheduler, Snapshot
+from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
-from scheduler.service import build_snapshot
+from scheduler.snapshot import SnapshotReader, build_snapshot
 from simulator.estimate import queue_estimates
 from store import repo
 from store.db import Database
+from store.models import AllocationGpu, Gpu, Node
 
 #: How many of a (tenant, job name)'s latest successful runs its expected run time is learned from.
 HISTORY_PER_KEY = 20
@@ -74,8 +78,12 @@ class QueueView:
     estimated_start: dict[str, float]
 
 
-async def snapshot_now(db: Database, settings: Settings, now: float) -> Snapshot:
-    snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s)
+async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: SnapshotReader | None = None) -> Snapshot:
+    """The snapshot the placement service would read now; a kept ``reader`` reads only what changed since its last read."""
+    if reader is None:
+        snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s)
+    else:
+        snapshot = await reader.read(db, now=now, stale_after_s=settings.node_stale_after_s, config=SchedulerConfig())
     levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
     return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
 
@@ -157,6 +165,25 @@ def tenant_usage_of(snapshot: Snapshot, settings: Settings, now: float) -> list[
 # ---------------------------------------------------------------- fleet
 
 
+#: ``allocation_gpu.live`` as a bare term, so that SQLite uses its partial index (as ``store.repo`` does).
+_LIVE: ColumnClause[Any] = literal_column(f"{AllocationGpu.__tablename__}.live")
+
+
+class _GpuRow(NamedTuple):
+    number: int
+    healthy: bool
+    health: dict[str, Any]
+
+
+class _NodeRow(NamedTuple):
+    id: str
+    gpu_type: str
+    gpu_count: int
+    labels: dict[str, str]
+    state: str
+    last_heartbeat: float | None
+
+
 def _blank() -> dict[str, int]:
     return {"total": 0, "used": 0, "free": 0, "unhealthy": 0, "nodes": 0, "whole_nodes_free": 0, "stranded": 0}
 
@@ -166,24 +193,32 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
 
     Fragmentation of a group of nodes: ``stranded`` free GPUs sit on partly used nodes (no whole-node
     gang can use them), ``whole_nodes_free`` nodes are entirely free, and ``fragmentation`` is
-    stranded / free (0: every free GPU is on a whole free node; 1: none is).
+    stranded / free (0: every free GPU is on a whole free node; 1: none is). Read as plain columns
+    (no ORM objects: thousands of GPU rows).
     """
     now = time.time() if now is None else now
-    used: dict[tuple[str, int], str] = {(g.node_id, g.gpu_index): g.allocation_id for g in await repo.live_allocation_gpus(db)}
-    gpus_by_node: dict[str, list[Any]] = {}
-    for gpu in await repo.list_gpus(db):
-        gpus_by_node.setdefault(gpu.node_id, []).append(gpu)
+    async with db.sessions() as session:
+        held = select(col(AllocationGpu.node_id), col(AllocationGpu.gpu_index), col(AllocationGpu.allocation_id)).where(_LIVE)
+        used: dict[tuple[str, int], str] = {(n, i): a for n, i, a in (await session.execute(held)).all()}
+        gpu_rows = select(col(Gpu.node_id), col(Gpu.index), col(Gpu.healthy), col(Gpu.health)).order_by(col(Gpu.node_id), col(Gpu.index))
+        gpus_by_node: dict[str, list[_GpuRow]] = {}
+        for node_id, index, healthy, health in (await session.execute(gpu_rows)).all():
+            gpus_by_node.setdefault(node_id, []).append(_GpuRow(index, bool(healthy), health or {}))
+        node_rows = select(
+            col(Node.id), col(Node.gpu_type), col(Node.gpu_count), col(Node.labels), col(Node.state), col(Node.last_heartbeat)
+        ).order_by(col(Node.id))
+        node_list = [_NodeRow(*row) for row in (await session.execute(node_rows)).all()]
     nodes = []
     totals: dict[str, dict[str, int]] = {}
     domains: dict[str, dict[str, dict[str, Any]]] = {}
     levels = [level.strip() for level in settings.topology_levels.split(",") if level.strip() and level.strip() != "node"]
-    for node in await repo.list_nodes(db):
+    for node in node_list:
         stale = node.last_heartbeat is None or now - node.last_heartbeat > settings.node_stale_after_s
         gpus = gpus_by_node.get(node.id, [])
-        n_used = sum(1 for g in gpus if (node.id, g.index) in used)
+        n_used = sum(1 for g in gpus if (node.id, g.number) in used)
         n_unhealthy = sum(1 for g in gpus if not g.healthy)
         schedulable = node.state == "READY" and not stale
-        n_free = sum(1 for g in gpus if g.healthy and (node.id, g.index) not in used) if schedulable else 0
+        n_free = sum(1 for g in gpus if g.healthy and (node.id, g.number) not in used) if schedulable else 0
         utilisation = [float(g.health["utilization_pct"]) for g in gpus if isinstance(g.health.get("utilization_pct"), int | float)]
         nodes.append(
             {
@@ -196,8 +231,8 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
                 "last_heartbeat": node.last_heartbeat,
                 "gpus": {"used": n_used, "free": n_free, "unhealthy": n_unhealthy},
                 "utilization_pct": round(sum(utilisation) / len(utilisation), 1) if utilisation else None,
-                "allocations": sorted({used[(node.id, g.index)] for g in gpus if (node.id, g.index) in used}),
-                "gpu_health": [{"index": g.index, "healthy": g.healthy, **g.health} for g in gpus],
+                "allocations": sorted({used[(node.id, g.number)] for g in gpus if (node.id, g.number) in used}),
+                "gpu_health": [{"index": g.number, "healthy": g.healthy, **g.health} for g in gpus],
             }
         )
         groups = [totals.setdefault(node.gpu_type, _blank())]

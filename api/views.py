@@ -1,38 +1,51 @@
-"""The heavy views (fleet, tenants, the queue with its estimates, metrics), computed by a background refresher.
+"""The heavy views (fleet, tenants, the queue with its estimates, metrics), computed by a view worker process.
 
-Each API process has one refresher: a thread with its own event loop and its own store
-connections, so that reading thousands of rows and simulating the queue forward never run
-on the loop that answers heartbeats and submissions. It computes a view when a request asks
-for it, again whenever the store's version moves (``repo.view_version``: the change feed and
-the newest job and health events) and at least every ``MAX_AGE_S`` while anyone asks; a view
-nobody asked for in ``IDLE_S`` is no longer refreshed, and with none the thread ends.
+Each API process has one view worker: a child process (``python -c 'from api.views import
+worker_main; ...'``) with its own event loop and store connections, so that reading thousands
+of rows, simulating the queue forward and encoding megabytes of JSON never run in the API's
+interpreter (not even in a thread, where they would hold its lock against the loop that
+answers heartbeats and submissions). The worker computes a view when a request asks for it,
+again whenever the store's version moves (``repo.view_version``: the change feed and the
+newest job and health events) and at least every ``MAX_AGE_S`` while anyone asks; a view
+nobody asked for in ``IDLE_S`` is no longer refreshed. It keeps what it read between
+computations (the scheduler's ``SnapshotReader``), so a recomputation after a change reads
+narrow rows and decodes only the jobs and allocations that are new.
 
-Handlers answer from the cache, already encoded, and filter it per caller at answer time, so
-any number of dashboard tabs and scrapers cost what one does. Each view is stamped with the
-time its computation ended (``computed_at``, also the ``X-Computed-At`` header), and:
+It sends each view to the API process already encoded (the whole answer, and the per-caller
+parts: a tenant's rows), over a pipe that a thread of the API process reads; handlers answer
+from that cache and filter it per caller at answer time, so any number of dashboard tabs and
+scrapers cost what one does. Each view is stamped with the time its computation ended
+(``computed_at``, also the ``X-Computed-At`` header), and:
 
 - the first request for a view waits (up to ``FIRST_WAIT_S``) for the one computation in flight;
 - after a change of the store, a view that is cheap to compute (under ``QUICK_CPU_S`` of CPU
   last time, one-time costs aside: a small fleet) is recomputed before the request is answered (up to
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
-  the cache while the refresher recomputes it;
-- the refresher spends at most about half its time on one view: a computation that took
-  ``t`` seconds is not started again within ``t`` seconds of its end.
+  the cache while the worker recomputes it;
+- the worker spends at most about a third of its time on one view: a computation that took
+  ``t`` seconds is not started again within ``REST_FACTOR * t`` seconds of its end;
+- a failed computation, or a worker that died, is answered 503 (``ViewUnavailable``) to the
+  requests waiting for it; the next request starts a new worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import importlib
 import json
 import logging
-import multiprocessing
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -40,6 +53,7 @@ from api import insight
 from api.schemas import JobPublic, QueueEntry
 from fairgang.settings import Settings
 from scheduler.core import Snapshot
+from scheduler.snapshot import SnapshotReader
 from store import repo
 from store.db import Database
 from store.models import Job
@@ -52,18 +66,24 @@ MAX_AGE_S = 5.0
 QUICK_CPU_S = 0.1
 #: A first computation that cost less CPU than this is repeated at once to learn the view's steady cost.
 CALIBRATE_CPU_S = 1.0
-#: How long a request waits for a view's first computation.
+#: How long a request waits for a view's first computation (the worker's start included).
 FIRST_WAIT_S = 120.0
 #: How long a request waits for a cheap view's recomputation before it is answered the older one.
 FRESH_WAIT_S = 5.0
 #: A view whose computation took t seconds is not started again within REST_FACTOR * t seconds of its end.
 REST_FACTOR = 2.0
-#: A forward simulation of the queue that cost more CPU than this runs in a worker process next time.
-PROCESS_CPU_S = 0.5
-#: How often the refresher looks at the store's version while views are asked for.
+#: How often the worker looks at the store's version while views are asked for.
 POLL_S = 0.5
-#: A view nobody asked for within this long is no longer refreshed; with none left, the refresher ends.
+#: A view nobody asked for within this long is no longer refreshed.
 IDLE_S = 60.0
+#: The API process tells its worker that a view is still asked for at most this often (per view).
+ASK_EVERY_S = 1.0
+#: A view whose computation failed is not tried again within this long, unless a request waits for it.
+FAILED_REST_S = 2.0
+#: The module settings the API process passes on to its worker when it starts it.
+TUNING = ("MAX_AGE_S", "QUICK_CPU_S", "CALIBRATE_CPU_S", "REST_FACTOR", "POLL_S", "IDLE_S")
+#: ("module:function", argument) pairs the worker calls before it starts (a test's instrumentation).
+WORKER_SETUP: tuple[tuple[str, str], ...] = ()
 
 Key = tuple[int, ...]
 
@@ -74,10 +94,11 @@ class ViewUnavailable(Exception):
 
 @dataclass(frozen=True)
 class View:
-    """One computed view: its value, its answer already encoded, and when and at what cost it was computed."""
+    """One computed view: its answer already encoded, and when, where and at what cost it was computed."""
 
     name: str
     key: Key
+    #: What handlers read besides the bytes (the queue's positions and estimates); None for the other views.
     value: Any
     #: The whole answer (JSON or Prometheus text).
     body: bytes
@@ -88,13 +109,19 @@ class View:
     wall_s: float
     #: Per-caller parts of the answer (tenant name -> encoded rows), for views a tenant sees only part of.
     parts: dict[str, list[bytes]] = field(default_factory=dict)
+    #: The process that computed it (the view worker).
+    pid: int = 0
 
     def covers(self, key: Key) -> bool:
         """Whether this view reflects the store at ``key`` (or later) and is not too old."""
-        return all(a >= b for a, b in zip(self.key, key, strict=True)) and time.time() - self.computed_at < MAX_AGE_S
+        return _at_least(self.key, key) and time.time() - self.computed_at < MAX_AGE_S
 
     def headers(self) -> dict[str, str]:
         return {"X-Computed-At": repr(self.computed_at), "Cache-Control": "no-store"}
+
+
+def _at_least(key: Key, other: Key) -> bool:
+    return all(a >= b for a, b in zip(key, other, strict=True))
 
 
 def _json(value: Any) -> bytes:
@@ -106,12 +133,40 @@ def json_list(items: Sequence[bytes]) -> bytes:
     return b"[" + b",".join(items) + b"]"
 
 
-class Round:
-    """One pass of the refresher: the store read once at one version, shared by the views computed in it."""
+# ---------------------------------------------------------------- the pipe between the API process and its worker
 
-    def __init__(self, views: ViewCache, db: Database, key: Key, now: float) -> None:
-        self.views, self.db, self.key, self.now = views, db, key, now
+
+def _send(stream: IO[bytes], message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("!Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    """The next message; EOFError when the other side has gone."""
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (size,) = struct.unpack("!Q", head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+# ---------------------------------------------------------------- the views (computed in the worker)
+
+
+class Round:
+    """One pass of the worker: the store read once at one version, shared by the views computed in it."""
+
+    def __init__(self, worker: Refresher, db: Database, key: Key, now: float) -> None:
+        self.worker, self.db, self.key, self.now = worker, db, key, now
         self._parts: dict[str, Any] = {}
+
+    @property
+    def settings(self) -> Settings:
+        return self.worker.settings
 
     async def part(self, name: str, make: Callable[[], Awaitable[Any]]) -> Any:
         if name not in self._parts:
@@ -119,63 +174,64 @@ class Round:
         return self._parts[name]
 
     async def snapshot(self) -> Snapshot:
-        snapshot: Snapshot = await self.part("snapshot", lambda: insight.snapshot_now(self.db, self.views.settings, self.now))
+        make = lambda: insight.snapshot_now(self.db, self.settings, self.now, reader=self.worker.reader)  # noqa: E731
+        snapshot: Snapshot = await self.part("snapshot", make)
         return snapshot
 
     async def queued(self) -> Sequence[Job]:
         queued: Sequence[Job] = await self.part("queued", lambda: repo.queued_jobs(self.db))
         return queued
 
-    async def view(self, name: str) -> View:
-        """A view at this round's version: the cached one if it covers it, else computed (and published) now."""
-        cached = self.views.cached(name)
-        if cached is not None and cached.covers(self.key):
-            return cached
-        return await self.views.compute(name, self)
+    async def view(self, name: str) -> Computed:
+        """A view at this round's version: the last one computed if it covers it, else computed (and published) now."""
+        last = self.worker.views.get(name)
+        if last is not None and last.view.covers(self.key):
+            return last
+        return await self.worker.compute(name, self)
 
     async def value(self, name: str) -> Any:
         return (await self.view(name)).value
 
 
-# ---------------------------------------------------------------- the views
+#: What a view's computation returns: its full value (kept in the worker, for the views built on it),
+#: the value sent to the API process, and how to encode it once its computation's end is known.
+Result = tuple[Any, Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]
 
 
-async def _fleet(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]:
-    fleet = await insight.fleet_view(r.db, r.views.settings, now=r.now)
-    return fleet, lambda at: (_json({**fleet, "computed_at": at}), {})
+async def _fleet(r: Round) -> Result:
+    fleet = await insight.fleet_view(r.db, r.settings, now=r.now)
+    return fleet, None, lambda at: (_json({**fleet, "computed_at": at}), {})
 
 
-async def _tenants(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]:
-    tenants = insight.tenant_usage_of(await r.snapshot(), r.views.settings, r.now)
+async def _tenants(r: Round) -> Result:
+    tenants = insight.tenant_usage_of(await r.snapshot(), r.settings, r.now)
 
     def encode(_at: float) -> tuple[bytes, dict[str, list[bytes]]]:
         rows = {t["name"]: [_json(t)] for t in tenants}
         return json_list([row for t in tenants for row in rows[t["name"]]]), rows
 
-    return tenants, encode
+    return tenants, None, encode
 
 
 @dataclass(frozen=True)
 class QueueState:
-    """The queue view: positions and estimates, and the queued jobs in that order."""
+    """The queue view's value: positions and estimates."""
 
     view: insight.QueueView
-    #: (tenant, encoded QueueEntry) in queue order, positions global.
-    entries: tuple[tuple[str, bytes], ...]
 
 
-async def _queue(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]:
+async def _queue(r: Round) -> Result:
     snapshot = await r.snapshot()
     names = await repo.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
     learned = insight.learned_runtimes(await repo.finished_runtimes(r.db))
-    view = await r.views.estimate(snapshot, names, learned, r.now)
+    view = insight.estimate_queue(snapshot, names, learned, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
-    entries = tuple(
+    entries = [
         (j.tenant, QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id)).model_dump_json().encode())
         for pos, j in enumerate(jobs, start=1)
-    )
-    state = QueueState(view=view, entries=entries)
+    ]
+    state = QueueState(view=view)
 
     def encode(_at: float) -> tuple[bytes, dict[str, list[bytes]]]:
         parts: dict[str, list[bytes]] = {}
@@ -183,86 +239,79 @@ async def _queue(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str
             parts.setdefault(tenant, []).append(row)
         return json_list([row for _, row in entries]), parts
 
-    return state, encode
+    return state, state, encode
 
 
-async def _metrics(r: Round) -> tuple[Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]:
+async def _metrics(r: Round) -> Result:
     from api import metrics  # here: api.metrics answers from this module
 
     fleet = await r.value("fleet")
     tenants = await r.value("tenants")
-    families = await metrics.collect(r.db, r.views.settings, now=r.now, fleet=fleet, tenants=tenants, queued=await r.queued())
+    families = await metrics.collect(r.db, r.settings, now=r.now, fleet=fleet, tenants=tenants, queued=await r.queued())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.Families(families))
     body = generate_latest(registry)
-    return families, lambda _at: (body, {})
+    return families, None, lambda _at: (body, {})
 
 
-COMPUTE: dict[str, Callable[[Round], Awaitable[tuple[Any, Callable[[float], tuple[bytes, dict[str, list[bytes]]]]]]]] = {
+COMPUTE: dict[str, Callable[[Round], Awaitable[Result]]] = {
     "fleet": _fleet,
     "tenants": _tenants,
     "metrics": _metrics,
     "queue": _queue,
 }
-#: The order the refresher computes them in: the forward simulation, the costliest, last.
+#: The order the worker computes them in: the forward simulation, the costliest, last.
 ORDER = ("fleet", "tenants", "metrics", "queue")
 
 
-# ---------------------------------------------------------------- the cache and its refresher
+# ---------------------------------------------------------------- the API process's side
 
 
 class ViewCache:
-    """The views of one API process, and the refresher thread that computes them (started on first use)."""
+    """The views of one API process, sent by its view worker (started on first use, again if it dies)."""
 
     def __init__(self, settings: Settings, url: str) -> None:
         self.settings, self.url = settings, url
         self._lock = threading.Lock()
         self._views: dict[str, View] = {}
-        self._asked: dict[str, float] = {}
-        #: name -> the store version a waiting request needs (it is recomputed even within its rest period).
+        #: name -> the store version a waiting request needs, as last told to the worker.
         self._wanted: dict[str, Key] = {}
+        #: name -> when the worker was last told that the view is asked for (monotonic).
+        self._told: dict[str, float] = {}
         #: name -> (when, why) of the last failed computation (cleared by a successful one).
         self._failed: dict[str, tuple[float, str]] = {}
-        #: The loop of the latest request: when it is closed (an app in a test went away) the refresher ends.
-        self._client: asyncio.AbstractEventLoop | None = None
-        self._not_before: dict[str, float] = {}
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._stop = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
         #: How many times each view was computed (for tests and the benchmark).
         self.computations: dict[str, int] = {}
-        #: The last forward simulation's CPU seconds, and the worker process that runs costly ones.
-        self._simulation_cpu_s = 0.0
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        #: CPU seconds spent in the worker process, counted into the cost of the views that used it.
-        self._worker_cpu_s = 0.0
-
-    # -- the API's side
 
     def cached(self, name: str) -> View | None:
         with self._lock:
             return self._views.get(name)
+
+    @property
+    def worker_pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None else None
 
     async def get(self, name: str, db: Database) -> View:
         """The view, as fresh as the rules above give it; raises ViewUnavailable when none could be had in time."""
         key = await repo.view_version(db)
         asked = time.monotonic()
         loop = asyncio.get_running_loop()
-        with self._lock:
-            self._asked[name], self._client = asked, loop
-            view = self._views.get(name)
+        view = self.cached(name)
         if view is not None and view.covers(key):
+            self._ask(name, None)
             return view
         if view is None:
             wait = FIRST_WAIT_S
         elif view.cpu_s < QUICK_CPU_S:
             wait = FRESH_WAIT_S
         else:
-            self._request(name, None)
+            self._ask(name, None)
             return view
-        self._request(name, key)
+        self._ask(name, key)
         deadline = asked + wait
         while True:
             future: asyncio.Future[None] = loop.create_future()
@@ -282,55 +331,78 @@ class ViewCache:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, remaining)
 
-    def _request(self, name: str, key: Key | None) -> None:
+    def _ask(self, name: str, key: Key | None) -> None:
+        """Tell the worker (started if need be) that the view is asked for, at least at ``key`` if given."""
+        now = time.monotonic()
         with self._lock:
-            if key is not None:
-                wanted = self._wanted.get(name)
-                self._wanted[name] = key if wanted is None else tuple(max(a, b) for a, b in zip(wanted, key, strict=True))
-            if self._thread is None:
-                self._stop = False
-                self._thread = threading.Thread(target=self._run, name="fairgang-views", daemon=True)
-                self._thread.start()
+            if self._closed:
                 return
-            loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
-            with contextlib.suppress(RuntimeError):  # its loop just ended: the next request starts another
-                loop.call_soon_threadsafe(wake.set)
+            wanted = self._wanted.get(name)
+            if key is not None and (wanted is None or not _at_least(wanted, key)):
+                key = key if wanted is None else tuple(max(a, b) for a, b in zip(wanted, key, strict=True))
+                self._wanted[name] = key
+            elif now - self._told.get(name, -ASK_EVERY_S) < ASK_EVERY_S and self._proc is not None:
+                return
+            else:
+                key = None
+            self._told[name] = now
+            proc = self._proc if self._proc is not None else self._start()
+            try:
+                assert proc.stdin is not None
+                _send(proc.stdin, ("ask", name, key))
+            except (OSError, ValueError):  # it just died: its reader marks what waits as failed
+                pass
 
-    def close(self) -> None:
-        """Stop the refresher (it ends after its current computation) and its worker process."""
+    def _start(self) -> subprocess.Popen[bytes]:
+        """Start the worker (with the lock held) and the thread that reads what it sends."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = "from api.views import worker_main; worker_main()"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        assert proc.stdin is not None
+        module = sys.modules[__name__]
+        tuning = {name: getattr(module, name) for name in TUNING}
+        _send(proc.stdin, {"settings": self.settings, "url": self.url, "tuning": tuning, "setup": WORKER_SETUP})
+        self._proc = proc
+        # Whatever was wanted from a previous worker is asked of this one.
+        for name, key in self._wanted.items():
+            _send(proc.stdin, ("ask", name, key))
+        threading.Thread(target=self._read, args=(proc,), name="fairgang-views", daemon=True).start()
+        return proc
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        try:
+            while True:
+                message = _receive(proc.stdout)
+                now = time.monotonic()
+                with self._lock:
+                    if message[0] == "view":
+                        view: View = message[1]
+                        self._views[view.name] = view
+                        self._failed.pop(view.name, None)
+                        self.computations[view.name] = self.computations.get(view.name, 0) + 1
+                        wanted = self._wanted.get(view.name)
+                        if wanted is not None and _at_least(view.key, wanted):
+                            del self._wanted[view.name]
+                    elif message[0] == "failed":
+                        _, name, why = message
+                        self._failed[name] = (now, why)
+                        self._wanted.pop(name, None)
+                self._notify()
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+            pass
+        code = proc.wait()
         with self._lock:
-            self._stop = True
-            thread, loop, wake = self._thread, self._loop, self._wake
-        if loop is not None and wake is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
-        if thread is not None:
-            thread.join(timeout=10)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-    async def estimate(
-        self, snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-    ) -> insight.QueueView:
-        """The forward simulation: in the refresher's thread while it is cheap, else in a worker process.
-
-        Pure Python for seconds at scale: in a thread it would hold the interpreter lock against
-        the API's loop in the same process; a worker process runs it on its own.
-        """
-        if self._simulation_cpu_s < PROCESS_CPU_S:
-            cpu = time.thread_time()
-            view = insight.estimate_queue(snapshot, names, learned, now)
-            self._simulation_cpu_s = time.thread_time() - cpu
-            return view
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        view, self._simulation_cpu_s = await asyncio.get_running_loop().run_in_executor(
-            self._pool, _estimate_in_worker, snapshot, names, learned, now
-        )
-        self._worker_cpu_s += self._simulation_cpu_s
-        return view
+            if self._proc is proc:
+                self._proc = None
+            closed = self._closed
+            now = time.monotonic()
+            for name in list(self._wanted):
+                self._failed[name] = (now, f"the view worker stopped (exit status {code})")
+            self._wanted.clear()
+        if not closed:
+            log.warning("view worker %d stopped (exit status %s)", proc.pid, code)
+        self._notify()
 
     def _notify(self) -> None:
         with self._lock:
@@ -339,34 +411,96 @@ class ViewCache:
             with contextlib.suppress(RuntimeError):  # that request's loop is gone
                 loop.call_soon_threadsafe(_settle, future)
 
-    # -- the refresher's side
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except Exception:  # the next request starts a new refresher
-            log.exception("view refresher stopped")
-            with self._lock:
-                self._thread = None
-
-    async def _main(self) -> None:
-        db = Database(self.url, **({} if self.url.startswith("sqlite") else {"pool_size": 2}))
-        wake = asyncio.Event()
-        wake.set()
+    def close(self) -> None:
+        """Stop the worker (it ends after its current computation; killed if it does not within 10 s)."""
         with self._lock:
-            self._loop, self._wake = asyncio.get_running_loop(), wake
+            self._closed = True
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.close()  # its end of file: the worker stops
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---------------------------------------------------------------- the worker's side
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A view in the worker: what was sent, and the full value the views built on it use."""
+
+    view: View
+    value: Any
+
+
+class Refresher:
+    """The view worker's state: what is asked for, what was computed, what it keeps between computations."""
+
+    def __init__(self, settings: Settings, url: str, out: IO[bytes]) -> None:
+        self.settings, self.url, self.out = settings, url, out
+        self._lock = threading.Lock()
+        self._asked: dict[str, float] = {}
+        self._wanted: dict[str, Key] = {}
+        self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self.views: dict[str, Computed] = {}
+        self._not_before: dict[str, float] = {}
+        self.computations: dict[str, int] = {}
+        #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
+        self.reader = SnapshotReader()
+
+    def listen(self, stream: IO[bytes]) -> None:
+        """(Its own thread) What the API process asks, until it closes the pipe."""
+        try:
+            while True:
+                message = _receive(stream)
+                if message[0] == "ask":
+                    _, name, key = message
+                    with self._lock:
+                        self._asked[name] = time.monotonic()
+                        if key is not None:
+                            wanted = self._wanted.get(name)
+                            self._wanted[name] = key if wanted is None else tuple(max(a, b) for a, b in zip(wanted, key, strict=True))
+                self._wake_up()
+        except (EOFError, OSError, ValueError):
+            pass
+        with self._lock:
+            self._stop = True
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake.set)
+
+    async def main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake.set()
+        db = Database(self.url, **({} if self.url.startswith("sqlite") else {"pool_size": 2}))
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), POLL_S)
-                wake.clear()
-                now_m = time.monotonic()
+                    await asyncio.wait_for(self._wake.wait(), POLL_S if self._asked_now() else None)
+                self._wake.clear()
                 with self._lock:
-                    asked = [n for n in ORDER if now_m - self._asked.get(n, -IDLE_S) < IDLE_S or n in self._wanted]
-                    gone = self._client is not None and self._client.is_closed()
-                    if self._stop or gone or not asked:
-                        self._thread = self._loop = self._wake = None
+                    if self._stop:
                         return
+                asked = self._asked_now()
+                if not asked:
+                    continue
                 try:
                     key = await repo.view_version(db)
                 except Exception as err:  # noqa: BLE001 - the store is unreachable for now
@@ -376,65 +510,80 @@ class ViewCache:
                 pass_ = Round(self, db, key, time.time())
                 for name in asked:
                     with self._lock:
-                        view, wanted = self._views.get(name), self._wanted.get(name)
-                        resting = time.monotonic() < self._not_before.get(name, 0.0)
-                    if view is not None and view.covers(key) and (wanted is None or view.covers(wanted)):
+                        wanted = self._wanted.get(name)
+                    last = self.views.get(name)
+                    resting = time.monotonic() < self._not_before.get(name, 0.0)
+                    if last is not None and last.view.covers(key) and (wanted is None or last.view.covers(wanted)):
                         with self._lock:
-                            self._wanted.pop(name, None)
+                            if self._wanted.get(name) == wanted:
+                                self._wanted.pop(name, None)
                         continue
                     if resting and wanted is None:
                         continue
                     try:
-                        view = await pass_.view(name)
-                        if self.computations.get(name) == 1 and view.cpu_s < CALIBRATE_CPU_S:
-                            # A first computation includes one-time costs (connections, compiling the queries):
-                            # repeat a cheap one at once, so that the cost the rules go by is its steady one.
+                        computed = await pass_.view(name)
+                        if self.computations.get(name) == 1 and computed.view.cpu_s < CALIBRATE_CPU_S:
+                            # A first computation includes one-time costs (connections, compiling the queries,
+                            # reading every row the reader then keeps): repeat a cheap one at once, so that the
+                            # cost the rules go by is its steady one.
                             await self.compute(name, Round(self, db, key, time.time()))
-                    except Exception as err:  # kept for the waiting requests; retried next pass
+                    except Exception as err:  # sent to the waiting requests; retried after a rest
                         log.exception("views: computing %s failed", name)
+                        self._not_before[name] = time.monotonic() + FAILED_REST_S
                         with self._lock:
-                            self._failed[name] = (time.monotonic(), str(err) or type(err).__name__)
                             self._wanted.pop(name, None)
-                        self._notify()
+                        _send(self.out, ("failed", name, str(err) or type(err).__name__))
         finally:
             await db.dispose()
 
-    async def compute(self, name: str, pass_: Round) -> View:
-        """Compute one view in the refresher and publish it, stamped when its computation ended."""
-        cpu, wall, worker = time.thread_time(), time.perf_counter(), self._worker_cpu_s
-        value, encode = await COMPUTE[name](pass_)
+    def _asked_now(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return [n for n in ORDER if now - self._asked.get(n, -IDLE_S) < IDLE_S or n in self._wanted]
+
+    async def compute(self, name: str, pass_: Round) -> Computed:
+        """Compute one view and send it, stamped when its computation ended."""
+        cpu, wall = time.thread_time(), time.perf_counter()
+        value, shipped, encode = await COMPUTE[name](pass_)
         computed_at = time.time()
         body, parts = encode(computed_at)
         view = View(
             name=name,
             key=pass_.key,
-            value=value,
+            value=shipped,
             body=body,
             parts=parts,
             computed_at=computed_at,
-            cpu_s=time.thread_time() - cpu + self._worker_cpu_s - worker,
+            cpu_s=time.thread_time() - cpu,
             wall_s=time.perf_counter() - wall,
+            pid=os.getpid(),
         )
+        _send(self.out, ("view", view))
+        computed = Computed(view=view, value=value)
+        self.views[name] = computed
+        self.computations[name] = self.computations.get(name, 0) + 1
+        self._not_before[name] = time.monotonic() + REST_FACTOR * view.wall_s
         with self._lock:
-            self._views[name] = view
-            self._failed.pop(name, None)
-            self.computations[name] = self.computations.get(name, 0) + 1
-            self._not_before[name] = time.monotonic() + REST_FACTOR * view.wall_s
             wanted = self._wanted.get(name)
-            if wanted is not None and all(a >= b for a, b in zip(pass_.key, wanted, strict=True)):
+            if wanted is not None and _at_least(pass_.key, wanted):
                 del self._wanted[name]
-        self._notify()
-        return view
+        return computed
 
 
-def _estimate_in_worker(
-    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-) -> tuple[insight.QueueView, float]:
-    cpu = time.process_time()
-    view = insight.estimate_queue(snapshot, names, learned, now)
-    return view, time.process_time() - cpu
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def worker_main() -> None:
+    """The view worker process: reads its settings from stdin, then what is asked; sends views on stdout."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, not into the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the API reaches the group: the API closes the pipe
+    stream = sys.stdin.buffer
+    config = _receive(stream)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    module = sys.modules[__name__]
+    for name, value in config["tuning"].items():
+        setattr(module, name, value)
+    for target, argument in config["setup"]:
+        module_name, function = target.split(":")
+        getattr(importlib.import_module(module_name), function)(argument)
+    refresher = Refresher(config["settings"], config["url"], out)
+    threading.Thread(target=refresher.listen, args=(stream,), name="fairgang-views-ask", daemon=True).start()
+    asyncio.run(refresher.main())

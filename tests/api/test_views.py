@@ -1,22 +1,23 @@
-"""The API's heavy views come from a cache its refresher fills: stamped when computed, shared, never computed on the API's loop.
+"""The API's heavy views come from a cache its view worker fills: stamped when computed, shared, never computed in the API's process.
 
-In-process over a real store (both backends). Also: the metric counters counted in SQL give
-what counting every row in Python gives.
+The API in process over a real store (both backends), with its real view worker process,
+instrumented by ``tests.api.view_hooks`` (steered by files). Also: the metric counters counted
+in SQL give what counting every row in Python gives.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from api import views
+from api import insight, views
 from api.app import create_app
 from api.deps import AppState
 from api.metrics import WAIT_BUCKETS, preemption_reason, requeue_reason
@@ -25,14 +26,24 @@ from store import repo
 from store.db import Database
 from store.models import HealthEvent, Job, JobEvent
 from tests.api.test_api import ADMIN, ALPHA, BETA
+from tests.api.view_hooks import times
 from tests.builders import job_spec, spec_dict
 
 Served = tuple[httpx.AsyncClient, AppState]
 
 
 @pytest.fixture
-async def served(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[Served]:
-    """The API in process, with its state at hand (the view cache and its counts)."""
+def hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The directory of files that steers the view worker's instrumentation (see tests.api.view_hooks)."""
+    where = tmp_path / "hooks"
+    where.mkdir()
+    monkeypatch.setattr(views, "WORKER_SETUP", (("tests.api.view_hooks:install", str(where)),))
+    return where
+
+
+@pytest.fixture
+async def served(seeded: Database, db_url: str, tmp_path: Path, hooks: Path) -> AsyncIterator[Served]:
+    """The API in process, with its state at hand (the view cache and its counts); its view worker is a real process."""
     settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
     app = create_app(settings)
     state = AppState(settings=settings, db=seeded)
@@ -40,18 +51,6 @@ async def served(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
         yield client, state
     await asyncio.to_thread(state.views.close)
-
-
-Compute = Callable[[views.Round], Awaitable[Any]]
-
-
-def wrap(monkeypatch: pytest.MonkeyPatch, name: str, around: Callable[[Compute, views.Round], Awaitable[Any]]) -> None:
-    original = views.COMPUTE[name]
-
-    async def wrapped(r: views.Round) -> Any:
-        return await around(original, r)
-
-    monkeypatch.setitem(views.COMPUTE, name, wrapped)
 
 
 def computed_at(resp: httpx.Response) -> float:
@@ -69,29 +68,24 @@ async def eventually(what: str, check: Callable[[], Awaitable[bool]], timeout: f
 
 
 async def test_a_view_is_stamped_when_computed_reused_and_recomputed_when_the_store_changes(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, state = served
     monkeypatch.setattr(views, "MAX_AGE_S", 3600.0)  # only a change of the store makes it stale here
     monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)  # no repeated first computation: count every one
-    ended: list[float] = []
-
-    async def slow(compute: Compute, r: views.Round) -> Any:
-        result = await compute(r)
-        await asyncio.sleep(0.3)  # a computation that takes a while: its stamp is its end, not its start
-        ended.append(time.time())
-        return result
-
-    wrap(monkeypatch, "tenants", slow)
+    # A computation that takes a while: its stamp is its end, not its start.
+    (hooks / "tenants.sleep").write_text("0.3")
     first = await client.get("/v1/tenants", headers=ADMIN)
     again = await client.get("/v1/tenants", headers=BETA)
     assert state.views.computations["tenants"] == 1
+    ended = times(hooks, "tenants", "ended")
     assert computed_at(first) == computed_at(again) >= ended[0]
     assert [t["name"] for t in first.json()] == ["alpha", "beta"] and [t["name"] for t in again.json()] == ["beta"]
 
     await repo.set_node_state(state.db, node_id="h1", state="CORDONED")  # moves the store's version
     after = await client.get("/v1/tenants", headers=ADMIN)
     assert state.views.computations["tenants"] == 2
+    ended = times(hooks, "tenants", "ended")
     assert computed_at(after) >= ended[1] > computed_at(first)
     assert (await client.get("/v1/tenants/beta", headers=BETA)).json()["name"] == "beta"
     assert state.views.computations["tenants"] == 2
@@ -101,24 +95,16 @@ async def test_a_view_is_stamped_when_computed_reused_and_recomputed_when_the_st
     assert next(n for n in fleet.json()["nodes"] if n["id"] == "h1")["state"] == "CORDONED"
 
 
-async def test_concurrent_first_requests_wait_for_one_computation(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_concurrent_first_requests_wait_for_one_computation(served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     client, state = served
     monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)
     for name in ("alpha", "beta"):
         token = ALPHA if name == "alpha" else BETA
         job = (await client.post("/v1/jobs", json=spec_dict(name=f"{name}-1", checkpoint_dir=f"/ckpt/{name}/x"), headers=token)).json()
         await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
-    started = 0
-
-    async def counted(compute: Compute, r: views.Round) -> Any:
-        nonlocal started
-        started += 1
-        await asyncio.sleep(0.2)  # long enough for every request to arrive while it runs
-        return await compute(r)
-
-    wrap(monkeypatch, "queue", counted)
+    (hooks / "queue.sleep").write_text("0.2")  # long enough for every request to arrive while it runs
     answers = await asyncio.gather(*(client.get("/v1/queue", headers=ADMIN if i % 2 else ALPHA) for i in range(20)))
-    assert started == 1 and state.views.computations["queue"] == 1
+    assert len(times(hooks, "queue", "started")) == 1 and state.views.computations["queue"] == 1
     assert {computed_at(a) for a in answers} == {computed_at(answers[0])}
     assert [len(a.json()) for a in answers[:2]] == [1, 2]  # alpha's own job, with its global position; the admin sees both
     assert answers[0].json()[0]["job"]["tenant"] == "alpha"
@@ -126,8 +112,8 @@ async def test_concurrent_first_requests_wait_for_one_computation(served: Served
     assert {computed_at(m) for m in metrics} == {computed_at(metrics[0])} and state.views.computations["metrics"] == 1
 
 
-async def test_a_costly_view_is_computed_off_the_loop_and_answered_from_the_cache_meanwhile(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+async def test_a_costly_view_is_computed_off_the_api_process_and_answered_from_the_cache_meanwhile(
+    served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, state = served
     monkeypatch.setattr(views, "QUICK_CPU_S", 0.0)  # every view counts as costly
@@ -142,43 +128,72 @@ async def test_a_costly_view_is_computed_off_the_loop_and_answered_from_the_cach
     second = computed_at(await client.get("/v1/queue", headers=ALPHA))
     assert second > first and state.views.computations["queue"] == 2
 
-    release, blocked, timed_out = threading.Event(), threading.Event(), threading.Event()
-
-    async def stuck(compute: Compute, r: views.Round) -> Any:
-        blocked.set()
-        # Blocks its thread, as a long simulation does: on the API's own loop, nothing would be answered meanwhile.
-        if not release.wait(timeout=30):
-            timed_out.set()
-        return await compute(r)
-
-    wrap(monkeypatch, "queue", stuck)
+    # The next computation blocks its thread, as a long simulation does: in the API's process, nothing would be
+    # answered meanwhile.
+    (hooks / "queue.block").touch()
     await repo.set_node_state(state.db, node_id="h1", state="READY")
     stale = await asyncio.wait_for(client.get("/v1/queue", headers=ALPHA), 60)
     assert computed_at(stale) == second  # answered at once, from the cache
-    assert await asyncio.to_thread(blocked.wait, 60)
-    # While the refresher computes, the API answers the cached views, a job and the health check.
+
+    async def blocked() -> bool:
+        return (hooks / "queue.blocked").exists()
+
+    await eventually("the worker blocked in the queue's computation", blocked)
+    # While the worker computes, the API answers the cached views, a job and the health check.
     assert computed_at(await client.get("/v1/queue", headers=ADMIN)) == second
     assert (await client.get(f"/v1/jobs/{job['id']}", headers=ALPHA)).json()["queue_position"] == 1
     assert (await client.get("/healthz")).status_code == 200
-    assert not timed_out.is_set()
-    release.set()
+    assert not (hooks / "queue.timed_out").exists()
+    (hooks / "queue.release").touch()
 
     async def recomputed() -> bool:
         return computed_at(await client.get("/v1/queue", headers=ALPHA)) > second
 
     await eventually("the queue recomputed", recomputed)
-    assert not timed_out.is_set()
+    assert not (hooks / "queue.timed_out").exists()
 
 
-async def test_the_first_request_gets_503_when_the_first_computation_fails(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_first_request_gets_503_when_the_first_computation_fails(served: Served, hooks: Path) -> None:
     client, _ = served
-
-    async def broken(compute: Compute, r: views.Round) -> Any:
-        raise RuntimeError("store on fire")
-
-    wrap(monkeypatch, "fleet", broken)
+    (hooks / "fleet.fail").write_text("store on fire")
     resp = await client.get("/v1/fleet", headers=ALPHA)
     assert resp.status_code == 503 and "store on fire" in resp.json()["detail"]
+    (hooks / "fleet.fail").unlink()
+
+    async def recovered() -> bool:
+        return (await client.get("/v1/fleet", headers=ALPHA)).status_code == 200
+
+    await eventually("the fleet computed once the failure is gone", recovered)
+
+
+async def test_a_killed_worker_is_answered_503_then_replaced(served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, state = served
+    monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)
+    first = await client.get("/v1/tenants", headers=ADMIN)
+    pid = state.views.worker_pid
+    assert pid is not None and pid != os.getpid() and state.views.cached("tenants") is not None
+    assert state.views.cached("tenants").pid == pid  # type: ignore[union-attr]
+    # A request waits for the worker (blocked in a computation after a change); the worker is killed meanwhile.
+    (hooks / "tenants.block").touch()
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    waiting = asyncio.ensure_future(client.get("/v1/tenants", headers=ADMIN))
+
+    async def blocked() -> bool:
+        return (hooks / "tenants.blocked").exists()
+
+    await eventually("the worker blocked in the tenants' computation", blocked)
+    os.kill(pid, signal.SIGKILL)
+    resp = await asyncio.wait_for(waiting, 60)
+    # The waiting request is answered at once: the older view (it has one), not a hang.
+    assert computed_at(resp) == computed_at(first)
+    (hooks / "tenants.block").unlink()
+
+    async def replaced() -> bool:
+        resp = await client.get("/v1/tenants", headers=ADMIN)
+        return resp.status_code == 200 and computed_at(resp) > computed_at(first)
+
+    await eventually("a new worker's view", replaced)
+    assert state.views.worker_pid not in (None, pid)
 
 
 # ---------------------------------------------------------------- counters counted in SQL
@@ -253,20 +268,27 @@ async def test_queue_wait_histogram_in_sql_matches_every_wait(seeded: Database) 
         assert got[key].sum_s == pytest.approx(sum(values), rel=1e-9)
 
 
-async def test_a_costly_simulation_runs_in_a_worker_process_with_the_same_answer(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_every_view_is_computed_in_the_worker_with_the_answer_an_in_process_computation_gives(served: Served) -> None:
     client, state = served
     for name, token in (("a1", ALPHA), ("b1", BETA), ("a2", ALPHA)):
         tenant = "alpha" if token is ALPHA else "beta"
         job = (await client.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=token)).json()
         await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
-    in_thread = (await client.get("/v1/queue", headers=ADMIN)).json()
-    assert [e["job"]["name"] for e in in_thread] == ["a1", "b1", "a2"]
-    monkeypatch.setattr(views, "PROCESS_CPU_S", 0.0)  # every simulation counts as costly
-    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
-
-    async def in_worker() -> bool:
-        return state.views._pool is not None and state.views.computations["queue"] >= 3
-
-    await eventually("a simulation in the worker process", in_worker)
     answer = (await client.get("/v1/queue", headers=ADMIN)).json()
-    assert [(e["position"], e["job"]["id"]) for e in answer] == [(e["position"], e["job"]["id"]) for e in in_thread]
+    expected = await insight.queue_view(state.db, state.settings)
+    assert [(e["position"], e["job"]["id"]) for e in answer] == sorted((p, j) for j, p in expected.position.items())
+    assert [e["job"]["name"] for e in answer] == ["a1", "b1", "a2"]
+    fleet = (await client.get("/v1/fleet", headers=ADMIN)).json()
+    in_process = await insight.fleet_view(state.db, state.settings)
+    assert [(n["id"], n["state"], n["gpu_health"]) for n in fleet["nodes"]] == [
+        (n["id"], n["state"], n["gpu_health"]) for n in in_process["nodes"]
+    ]
+    assert {t: g["total"] for t, g in fleet["gpu_types"].items()} == {t: g["total"] for t, g in in_process["gpu_types"].items()}
+    tenants = (await client.get("/v1/tenants", headers=ADMIN)).json()
+    assert [t["name"] for t in tenants] == [t["name"] for t in await insight.tenant_usage(state.db, state.settings)]
+    assert (await client.get("/metrics")).status_code == 200
+    worker = state.views.worker_pid
+    assert worker is not None and worker != os.getpid()
+    for name in views.ORDER:
+        view = state.views.cached(name)
+        assert view is not None and view.pid == worker, name
