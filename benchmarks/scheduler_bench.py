@@ -1,4 +1,4 @@
-"""Scheduler core benchmark (issue 4, point 9): full cycle time and free-to-bind latency.
+"""Scheduler core benchmark: full cycle time and free-to-bind latency.
 
 Builds the SPEC fleet (750 nodes, 5,000 GPUs of four types, 8 GPUs per node for the big
 types, leaves of 16-32 nodes under spines of 4 leaves), 50 tenants in 5 cohorts with

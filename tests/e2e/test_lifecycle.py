@@ -1,4 +1,4 @@
-"""A job survives what a real fleet does to it (issue: lifecycle under failure)."""
+"""A job survives what a real fleet does to it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Jobs travel the whole way on real processes (issue: foundation, "Done when")."""
+"""Jobs travel the whole way on real processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each trial is an ordinary job, admitted against its tenant's quota and policy (issue 7, point 1).
+"""Each trial is an ordinary job, admitted against its tenant's quota and policy.
 
 The whole platform (`fairgang dev`) with a tenant limited to one unfinished job: a sweep
 allowing 3 trials at once still runs them one at a time, and completes. Then the tenant's policy

@@ -1,4 +1,4 @@
-"""Sweeps and scheduled sweeps on the whole platform (issue 7, "Done when").
+"""Sweeps and scheduled sweeps on the whole platform.
 
 Real Temporal dev server, real store, real API, worker, placement service and agents
 (`fairgang dev`); trials are tiny real processes.

@@ -1,4 +1,4 @@
-"""Anti-starvation: EASY reservations with backfill, standing reservations, aging, max wait (issue 4, point 4)."""
+"""Anti-starvation: EASY reservations with backfill, standing reservations, aging, max wait."""
 
 from __future__ import annotations
 

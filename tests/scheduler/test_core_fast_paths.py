@@ -1,4 +1,4 @@
-"""The cycle's hot paths, written out for speed, against their plain definitions (issue 5, point 7).
+"""The cycle's hot paths, written out for speed, against their plain definitions.
 
 Each hot path (quota admission, the fair queue's runs, the inline within-tenant sort key) is
 checked against a direct transcription of the rule it implements, on random inputs.

@@ -1,4 +1,4 @@
-"""Fair order: weighted DRF with decayed usage, then priority with aging, then age, then id (issue 4, point 2)."""
+"""Fair order: weighted DRF with decayed usage, then priority with aging, then age, then id."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Preemption planning and nomination (issue 4, point 5), and the pending reasons (point 7)."""
+"""Preemption planning and nomination, and the pending reasons (point 7)."""
 
 from __future__ import annotations
 

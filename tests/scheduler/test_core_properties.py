@@ -1,4 +1,4 @@
-"""Properties over random fleets, quotas, running jobs and queues (issue 4, point 8)."""
+"""Properties over random fleets, quotas, running jobs and queues."""
 
 from __future__ import annotations
 

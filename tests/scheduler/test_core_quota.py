@@ -1,4 +1,4 @@
-"""Quotas per tenant and GPU type, cohorts that lend idle quota, reclaim by preemption (issue 4, point 1)."""
+"""Quotas per tenant and GPU type, cohorts that lend idle quota, reclaim by preemption."""
 
 from __future__ import annotations
 

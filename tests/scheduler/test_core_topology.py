@@ -1,4 +1,4 @@
-"""Topology: levels are data, required vs preferred, best fit, whole nodes in few domains, fragmentation (issue 4, point 3)."""
+"""Topology: levels are data, required vs preferred, best fit, whole nodes in few domains, fragmentation."""
 
 from __future__ import annotations
 

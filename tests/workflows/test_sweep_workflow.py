@@ -1,10 +1,10 @@
-"""The sweep workflow's own history, on a real Temporal dev server (issue 7, point 2).
+"""The sweep workflow's own history, on a real Temporal dev server.
 
 The store activities are replaced by fakes kept in memory and the trials by a stub
 ``TrainingJob`` workflow (same name, same ``cancel`` signal), so these tests look only at what
 the ``Sweep`` workflow does: batching with continue-as-new at scale, every trial started once,
 the concurrency cap, and cancellation reaching every trial (adopted ones too, and one whose
-job was being created when the cancel landed). Issue 7, point 1 (each trial an ordinary job):
+job was being created when the cancel landed). Each trial is an ordinary job:
 a trial held back by the tenant's concurrent-job cap ("wait") is tried again, never skipped,
 and one refused by admission at start time ("refused") ends there while the sweep goes on.
 """
