@@ -18,9 +18,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import Client
 
@@ -34,7 +34,24 @@ from store.db import NOTIFY_CHANNEL, Database
 __all__ = ["LEASE_NAME", "CycleReport", "PlacementService", "build_snapshot"]
 
 log = logging.getLogger("fairgang.scheduler")
+T = TypeVar("T")
 LEASE_NAME = "placement"
+
+
+#: Workflows the reconciler starts in one cycle at most, and Temporal calls a cycle has in flight at once.
+RECONCILE_BATCH = 200
+TEMPORAL_CONCURRENCY = 32
+
+
+async def _bounded(calls: Sequence[Coroutine[Any, Any, T]], limit: int = TEMPORAL_CONCURRENCY) -> list[T]:
+    """Run the calls concurrently, at most ``limit`` at a time; results in order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Coroutine[Any, Any, T]) -> T:
+        async with gate:
+            return await call
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
 @dataclass
@@ -162,27 +179,35 @@ class PlacementService:
                     log.warning("node-lost signal to %s failed: %s", job_id, err)
 
     async def _signal(self, allocations: Sequence[Any]) -> None:
-        sent = []
-        for alloc in allocations:
+        async def signal(alloc: Any) -> str | None:
             try:
                 await temporal.signal_placement(
                     self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=alloc.members
                 )
-                sent.append(alloc.id)
+                return str(alloc.id)
             except Exception as err:  # noqa: BLE001 - the reconciler retries
                 log.warning("signal to %s failed: %s", alloc.job_id, err)
+                return None
+
+        sent = [alloc_id for alloc_id in await _bounded([signal(a) for a in allocations]) if alloc_id is not None]
         await repo.mark_signalled(self.db, sent)
 
     async def _start_missing_workflows(self, now: float) -> int:
-        started = 0
-        for job in await repo.jobs_without_workflow(self.db, older_than=now - 5.0):
+        """Start the workflows the API did not (a burst, a crash): a bounded batch per cycle, started concurrently,
+        so a backlog of thousands is absorbed over a few cycles without holding placement back."""
+        jobs = await repo.jobs_without_workflow(self.db, older_than=now - 5.0, limit=RECONCILE_BATCH)
+
+        async def start(job: Any) -> str | None:
             try:
                 await temporal.start_job_workflow(self.client, job, self.settings)
-                await repo.mark_workflow_started(self.db, job.id)
-                started += 1
+                return str(job.id)
             except Exception as err:  # noqa: BLE001 - retried next cycle
                 log.warning("could not start workflow for %s: %s", job.id, err)
-        return started
+                return None
+
+        started = [job_id for job_id in await _bounded([start(job) for job in jobs]) if job_id is not None]
+        await repo.mark_workflows_started(self.db, started)
+        return len(started)
 
     # ------------------------------------------------------------ wake-ups
 

@@ -268,20 +268,32 @@ async def job_allocations(db: Database, job_id: str) -> Sequence[Allocation]:
         return (await session.execute(query)).scalars().all()
 
 
-async def jobs_without_workflow(db: Database, *, older_than: float) -> Sequence[Job]:
-    """Jobs whose workflow start may have been lost (the API died in between)."""
+async def jobs_without_workflow(db: Database, *, older_than: float, limit: int | None = None) -> Sequence[Job]:
+    """Jobs whose workflow start may have been lost (the API died in between), oldest first (at most ``limit``)."""
     async with db.sessions() as session:
-        query = select(Job).where(
-            not_(col(Job.workflow_started)),  # matches the partial index ix_job_without_workflow
-            col(Job.state).not_in(TERMINAL),
-            col(Job.created_at) < older_than,
+        query = (
+            select(Job)
+            .where(
+                not_(col(Job.workflow_started)),  # matches the partial index ix_job_without_workflow
+                col(Job.state).not_in(TERMINAL),
+                col(Job.created_at) < older_than,
+            )
+            .order_by(col(Job.created_at), col(Job.id))
+            .limit(limit)
         )
         return (await session.execute(query)).scalars().all()
 
 
 async def mark_workflow_started(db: Database, job_id: str) -> None:
+    await mark_workflows_started(db, [job_id])
+
+
+async def mark_workflows_started(db: Database, job_ids: Sequence[str]) -> None:
+    """Record that these jobs' workflows exist (one statement)."""
+    if not job_ids:
+        return
     async with db.transaction() as session:
-        await session.execute(update(Job).where(col(Job.id) == job_id).values(workflow_started=True))
+        await session.execute(update(Job).where(col(Job.id).in_(list(job_ids))).values(workflow_started=True))
 
 
 async def _add_event_once(session: AsyncSession, event: JobEvent) -> bool:

@@ -19,6 +19,7 @@ from fairgang import temporal
 from fairgang.dev import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings
 from fairgang.spec import JobState
+from scheduler import service as service_module
 from scheduler.service import LEASE_NAME, PlacementService
 from store import repo
 from store.db import Database
@@ -261,3 +262,29 @@ async def test_bindings_are_committed_before_their_signal_and_a_lost_lease_signa
     report = await service.cycle()
     assert not report.leader and report.bound == 0
     assert len(client.signals) == 1 and await repo.job_allocations(seeded, other.id) == []
+
+
+async def test_reconciler_absorbs_a_backlog_in_bounded_batches_oldest_first(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs stored while their workflows could not be started are started a batch per cycle, oldest first."""
+    monkeypatch.setattr(service_module, "RECONCILE_BATCH", 2)
+    service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, temporal_env.client, holder="s")
+    now = time.time()
+    jobs = [(await repo.create_job(seeded, spec=job_spec(name=f"backlog-{i}"), tenant="alpha", now=now + i))[0] for i in range(5)]
+    assert (await service.cycle(now=now + 60)).started_workflows == 2
+    assert [(await repo.get_job(seeded, j.id)).workflow_started for j in jobs] == [True, True, False, False, False]  # type: ignore[union-attr]
+    started = [(await service.cycle(now=now + 61 + k)).started_workflows for k in range(3)]
+    assert started == [2, 1, 0]
+    for job in jobs:
+        stored = await repo.get_job(seeded, job.id)
+        assert stored is not None and stored.workflow_started
+        assert await _workflow_count(temporal_env.client, job.id) == 1 or await _eventually_counted(temporal_env.client, job.id)
+
+
+async def _eventually_counted(client: Client, job_id: str) -> bool:
+    for _ in range(100):  # the visibility store lags the start a little
+        if await _workflow_count(client, job_id) == 1:
+            return True
+        await asyncio.sleep(0.1)
+    return False
