@@ -99,7 +99,15 @@ class SimulatedLaunch(LaunchActivities):
                     self.exited += 1
                     return LaunchResult(exit_code=0, how="exited")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fenced.wait(), min(HEARTBEAT_EVERY_S, remaining))
+                    await asyncio.wait_for(_either(fenced, member.stop), min(HEARTBEAT_EVERY_S, remaining))
+                if member.stop.is_set() and not fenced.is_set():
+                    # A stop activity (cancel, preempt): the simulated member checkpoints and exits within its grace.
+                    self.stopped += 1
+                    end = loop.time() + min(stop_s, inp.grace_period_s)
+                    while loop.time() < end:
+                        activity.heartbeat()
+                        await asyncio.sleep(min(HEARTBEAT_EVERY_S, max(end - loop.time(), 0.0)))
+                    return LaunchResult(exit_code=0, how="terminated")
                 if fenced.is_set():
                     raise ApplicationError(
                         "the agent fenced this member (its allocation is no longer held, or its lease ran out)",
@@ -118,6 +126,16 @@ class SimulatedLaunch(LaunchActivities):
             self.running.pop(inp.allocation_id, None)
             self._fence_events.pop(inp.allocation_id, None)
 
+    def request_stop(self, allocation_id: str) -> str:
+        """A stop activity for a simulated member only wakes its timer (there is no process to SIGTERM)."""
+        member = self.running.get(allocation_id)
+        if member is None or allocation_id not in self._fence_events:
+            return super().request_stop(allocation_id)
+        if member.stop.is_set():
+            return "stopping"
+        member.stop.set()
+        return "signalled"
+
     def kill(self, allocation_id: str) -> None:
         if allocation_id not in self._fence_events:
             super().kill(allocation_id)
@@ -135,6 +153,16 @@ class SimulatedLaunch(LaunchActivities):
             else:
                 out.append(member)
         return out
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event) -> None:
+    """Wait until either event is set."""
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 class Timings(httpx.AsyncBaseTransport):
@@ -205,7 +233,7 @@ class AgentHost:
         worker = Worker(
             client,
             task_queue=node_task_queue(agent.node_id),
-            activities=[agent.launcher.launch],
+            activities=[agent.launcher.launch, agent.launcher.stop],
             max_concurrent_activities=64,
             max_concurrent_activity_task_polls=self.polls,
         )
