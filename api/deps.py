@@ -26,7 +26,7 @@ class AppState:
     db: Database
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: The heavy views of this process (fleet, tenants, queue, metrics), computed by its refresher.
+    #: The heavy views of this process (fleet, tenants, queue, metrics), computed by its view worker process.
     views: ViewCache = field(init=False)
 
     def __post_init__(self) -> None:

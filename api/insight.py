@@ -2,7 +2,7 @@
 
 The same views feed ``/v1/fleet``, ``/v1/queue``, ``/v1/tenants``, ``/metrics`` and the
 dashboard, so that they always agree; the API answers them from ``api.views`` (computed by a
-background refresher, cached with the time they were computed). Queue-wait estimates (R7.2) come from
+view worker process, cached with the time they were computed). Queue-wait estimates (R7.2) come from
 ``simulator.estimate``: a forward simulation of the current queue with the production
 core (one ``Scheduler`` across the forward steps) and expected run times learned per tenant and job name.
 """
@@ -91,7 +91,7 @@ async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: 
 async def queue_view(db: Database, settings: Settings, *, now: float | None = None, snapshot: Snapshot | None = None) -> QueueView:
     """Positions and estimated starts of every waiting job (the forward simulation runs in a worker thread).
 
-    Uncached: the API answers from ``api.views``, which calls this in its refresher.
+    Uncached: the API answers from ``api.views``, whose worker computes the queue itself (with a kept snapshot reader).
     """
     now = time.time() if now is None else now
     snapshot = snapshot or await snapshot_now(db, settings, now)

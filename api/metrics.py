@@ -2,8 +2,8 @@
 
 Every value is read from the store (counters are counts of rows in its append-only event log,
 counted in SQL), so any number of API replicas answer the same and a restart loses no counter.
-The API process computes them in its view refresher (``api.views``) and answers scrapes from
-that cache, at most a few seconds old. See docs/metrics.md for every metric.
+Each API process's view worker (``api.views``, a child process) computes them, and the API
+answers scrapes from that cache, at most a few seconds old. See docs/metrics.md for every metric.
 """
 
 from __future__ import annotations

@@ -80,6 +80,8 @@ IDLE_S = 60.0
 ASK_EVERY_S = 1.0
 #: A view whose computation failed is not tried again within this long, unless a request waits for it.
 FAILED_REST_S = 2.0
+#: The worker's niceness: background work, it yields the CPU to the API and the other control-plane processes.
+WORKER_NICE = 10
 #: The module settings the API process passes on to its worker when it starts it.
 TUNING = ("MAX_AGE_S", "QUICK_CPU_S", "CALIBRATE_CPU_S", "REST_FACTOR", "POLL_S", "IDLE_S")
 #: ("module:function", argument) pairs the worker calls before it starts (a test's instrumentation).
@@ -162,20 +164,26 @@ class Round:
 
     def __init__(self, worker: Refresher, db: Database, key: Key, now: float) -> None:
         self.worker, self.db, self.key, self.now = worker, db, key, now
-        self._parts: dict[str, Any] = {}
+        self._parts: dict[str, asyncio.Future[Any]] = {}
+        #: CPU seconds a view's computation spent in other threads (the forward simulation's).
+        self.thread_cpu_s: dict[str, float] = {}
 
     @property
     def settings(self) -> Settings:
         return self.worker.settings
 
     async def part(self, name: str, make: Callable[[], Awaitable[Any]]) -> Any:
+        """A part of the store read once in this round, whichever of the views computed concurrently asks first."""
         if name not in self._parts:
-            self._parts[name] = await make()
-        return self._parts[name]
+            self._parts[name] = asyncio.ensure_future(make())
+        return await self._parts[name]
 
     async def snapshot(self) -> Snapshot:
-        make = lambda: insight.snapshot_now(self.db, self.settings, self.now, reader=self.worker.reader)  # noqa: E731
-        snapshot: Snapshot = await self.part("snapshot", make)
+        async def read() -> Snapshot:
+            async with self.worker.reader_lock:  # one reader, kept across rounds: one read at a time
+                return await insight.snapshot_now(self.db, self.settings, self.now, reader=self.worker.reader)
+
+        snapshot: Snapshot = await self.part("snapshot", read)
         return snapshot
 
     async def queued(self) -> Sequence[Job]:
@@ -184,10 +192,14 @@ class Round:
 
     async def view(self, name: str) -> Computed:
         """A view at this round's version: the last one computed if it covers it, else computed (and published) now."""
-        last = self.worker.views.get(name)
-        if last is not None and last.view.covers(self.key):
-            return last
-        return await self.worker.compute(name, self)
+        while True:
+            last = self.worker.views.get(name)
+            if last is not None and last.view.covers(self.key):
+                return last
+            task, started = self.worker.start(name, self)
+            computed = await task
+            if started or computed.view.covers(self.key):
+                return computed
 
     async def value(self, name: str) -> Any:
         return (await self.view(name)).value
@@ -224,7 +236,8 @@ async def _queue(r: Round) -> Result:
     snapshot = await r.snapshot()
     names = await repo.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
     learned = insight.learned_runtimes(await repo.finished_runtimes(r.db))
-    view = insight.estimate_queue(snapshot, names, learned, r.now)
+    # In a thread of the worker: the other views are computed meanwhile (seconds of CPU at scale).
+    view, r.thread_cpu_s["queue"] = await asyncio.to_thread(_simulate, snapshot, names, learned, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = [
@@ -240,6 +253,14 @@ async def _queue(r: Round) -> Result:
         return json_list([row for _, row in entries]), parts
 
     return state, state, encode
+
+
+def _simulate(
+    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
+) -> tuple[insight.QueueView, float]:
+    cpu = time.thread_time()
+    view = insight.estimate_queue(snapshot, names, learned, now)
+    return view, time.thread_time() - cpu
 
 
 async def _metrics(r: Round) -> Result:
@@ -260,7 +281,7 @@ COMPUTE: dict[str, Callable[[Round], Awaitable[Result]]] = {
     "metrics": _metrics,
     "queue": _queue,
 }
-#: The order the worker computes them in: the forward simulation, the costliest, last.
+#: The order the worker starts them in (each is computed by its own task, concurrently).
 ORDER = ("fleet", "tenants", "metrics", "queue")
 
 
@@ -283,6 +304,8 @@ class ViewCache:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
+        #: The loop of the latest request: when it is closed (an app in a test went away) the worker is stopped.
+        self._client: asyncio.AbstractEventLoop | None = None
         #: How many times each view was computed (for tests and the benchmark).
         self.computations: dict[str, int] = {}
 
@@ -300,6 +323,7 @@ class ViewCache:
         key = await repo.view_version(db)
         asked = time.monotonic()
         loop = asyncio.get_running_loop()
+        self._client = loop
         view = self.cached(name)
         if view is not None and view.covers(key):
             self._ask(name, None)
@@ -367,7 +391,20 @@ class ViewCache:
         for name, key in self._wanted.items():
             _send(proc.stdin, ("ask", name, key))
         threading.Thread(target=self._read, args=(proc,), name="fairgang-views", daemon=True).start()
+        threading.Thread(target=self._watch, args=(proc,), name="fairgang-views-watch", daemon=True).start()
         return proc
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop the worker once the loop that asked last is closed (its app went away without a shutdown)."""
+        while proc.poll() is None:
+            time.sleep(1.0)
+            client = self._client
+            if client is not None and client.is_closed():
+                with self._lock:
+                    if self._proc is proc:
+                        self._proc = None
+                _stop(proc)
+                return
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -396,10 +433,11 @@ class ViewCache:
             if self._proc is proc:
                 self._proc = None
             closed = self._closed
-            now = time.monotonic()
-            for name in list(self._wanted):
-                self._failed[name] = (now, f"the view worker stopped (exit status {code})")
-            self._wanted.clear()
+            if self._proc is None:  # (not yet replaced) what waited for it fails now
+                now = time.monotonic()
+                for name in list(self._wanted):
+                    self._failed[name] = (now, f"the view worker stopped (exit status {code})")
+                self._wanted.clear()
         if not closed:
             log.warning("view worker %d stopped (exit status %s)", proc.pid, code)
         self._notify()
@@ -416,16 +454,19 @@ class ViewCache:
         with self._lock:
             self._closed = True
             proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError, ValueError):
-            assert proc.stdin is not None
-            proc.stdin.close()  # its end of file: the worker stops
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        assert proc.stdin is not None
+        proc.stdin.close()  # its end of file: the worker stops
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -460,6 +501,9 @@ class Refresher:
         self.computations: dict[str, int] = {}
         #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
         self.reader = SnapshotReader()
+        self.reader_lock = asyncio.Lock()
+        #: name -> the computation in flight, and the store version it computes.
+        self._inflight: dict[str, tuple[asyncio.Task[Computed], Key]] = {}
 
     def listen(self, stream: IO[bytes]) -> None:
         """(Its own thread) What the API process asks, until it closes the pipe."""
@@ -489,7 +533,7 @@ class Refresher:
     async def main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake.set()
-        db = Database(self.url, **({} if self.url.startswith("sqlite") else {"pool_size": 2}))
+        db = Database(self.url, **({} if self.url.startswith("sqlite") else {"pool_size": 4}))
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -518,23 +562,43 @@ class Refresher:
                             if self._wanted.get(name) == wanted:
                                 self._wanted.pop(name, None)
                         continue
-                    if resting and wanted is None:
+                    if (resting and wanted is None) or name in self._inflight:
                         continue
-                    try:
-                        computed = await pass_.view(name)
-                        if self.computations.get(name) == 1 and computed.view.cpu_s < CALIBRATE_CPU_S:
-                            # A first computation includes one-time costs (connections, compiling the queries,
-                            # reading every row the reader then keeps): repeat a cheap one at once, so that the
-                            # cost the rules go by is its steady one.
-                            await self.compute(name, Round(self, db, key, time.time()))
-                    except Exception as err:  # sent to the waiting requests; retried after a rest
-                        log.exception("views: computing %s failed", name)
-                        self._not_before[name] = time.monotonic() + FAILED_REST_S
-                        with self._lock:
-                            self._wanted.pop(name, None)
-                        _send(self.out, ("failed", name, str(err) or type(err).__name__))
+                    self.start(name, pass_)
         finally:
+            for task, _ in list(self._inflight.values()):
+                task.cancel()
             await db.dispose()
+
+    def start(self, name: str, pass_: Round) -> tuple[asyncio.Task[Computed], bool]:
+        """The view's computation in flight (and False), else one started now for this round (and True)."""
+        inflight = self._inflight.get(name)
+        if inflight is not None:
+            return inflight[0], False
+        task = asyncio.ensure_future(self._computing(name, pass_))
+        self._inflight[name] = (task, pass_.key)
+        task.add_done_callback(_retrieved)
+        return task, True
+
+    async def _computing(self, name: str, pass_: Round) -> Computed:
+        try:
+            computed = await self.compute(name, pass_)
+            if self.computations.get(name) == 1 and computed.view.cpu_s < CALIBRATE_CPU_S:
+                # A first computation includes one-time costs (connections, compiling the queries, reading
+                # every row the reader then keeps): repeat a cheap one at once, so that the cost the rules go
+                # by is its steady one.
+                computed = await self.compute(name, Round(self, pass_.db, pass_.key, time.time()))
+            return computed
+        except Exception as err:  # sent to the waiting requests; retried after a rest
+            log.exception("views: computing %s failed", name)
+            self._not_before[name] = time.monotonic() + FAILED_REST_S
+            with self._lock:
+                self._wanted.pop(name, None)
+            _send(self.out, ("failed", name, str(err) or type(err).__name__))
+            raise
+        finally:
+            self._inflight.pop(name, None)
+            self._wake.set()  # the loop looks again: a change may have come meanwhile
 
     def _asked_now(self) -> list[str]:
         now = time.monotonic()
@@ -554,7 +618,8 @@ class Refresher:
             body=body,
             parts=parts,
             computed_at=computed_at,
-            cpu_s=time.thread_time() - cpu,
+            # (The loop's thread also runs the other views' tasks meanwhile: a cost counted high, never low.)
+            cpu_s=time.thread_time() - cpu + pass_.thread_cpu_s.get(name, 0.0),
             wall_s=time.perf_counter() - wall,
             pid=os.getpid(),
         )
@@ -570,11 +635,17 @@ class Refresher:
         return computed
 
 
+def _retrieved(task: asyncio.Task[Computed]) -> None:
+    if not task.cancelled():
+        task.exception()  # logged and sent where it happened
+
+
 def worker_main() -> None:
     """The view worker process: reads its settings from stdin, then what is asked; sends views on stdout."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the API reaches the group: the API closes the pipe
+    os.nice(WORKER_NICE)
     stream = sys.stdin.buffer
     config = _receive(stream)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

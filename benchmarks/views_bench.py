@@ -12,7 +12,8 @@ example one built by ``benchmarks/scale_store.py``, then for ``--duration`` seco
 
 It prints, per endpoint, the cold latency (the first answer after the start, which waits for
 the view's first computation), then over the load the number of answers, p50, p99 and the worst
-latency, and the CPU seconds and peak RSS of the API process and of its view worker process::
+latency, the CPU seconds and peak RSS of the API process and of its view worker process, the
+CPU seconds of the clients (this process) and the machine's load average at the start and the end::
 
     .venv/bin/python -m benchmarks.scale_store --url sqlite:////tmp/scale/fairgang.db --scale 1
     .venv/bin/python -m benchmarks.views_bench --url sqlite:////tmp/scale/fairgang.db --tokens /tmp/scale/tokens.json
@@ -166,9 +167,12 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit("the API did not start")
             time.sleep(0.2)
         cold = Timings()
-        cpu0, wall0 = cpu_seconds(proc.pid), time.perf_counter()
+        cpu0, wall0, load0 = cpu_seconds(proc.pid), time.perf_counter(), os.getloadavg()
+        own0 = os.times()
         timings, sizes = asyncio.run(load(base, admin, tenants, args, cold))
         cpu, wall, rss = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - wall0, peak_rss_mb(proc.pid)
+        own = os.times()
+        load1 = os.getloadavg()
         workers = children(proc.pid)
         worker_cpu = sum(cpu_seconds(c) for c in workers)
         worker_rss = max((peak_rss_mb(c) for c in workers), default=0.0)
@@ -189,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     answers = sum(len(v) for v in timings.samples.values())
     print(f"API process: {cpu:.1f} CPU s over {wall:.1f} s wall ({cpu / wall:.0%} of a core), peak RSS {rss:.0f} MB, {answers} answers")
     if workers:
-        print(f"its view worker process: {worker_cpu:.1f} CPU s in all, peak RSS {worker_rss:.0f} MB")
+        print(f"its view worker process: {worker_cpu:.1f} CPU s in all (first computations included), peak RSS {worker_rss:.0f} MB")
+    client_cpu = own.user - own0.user + own.system - own0.system
+    print(f"the clients (this process): {client_cpu:.1f} CPU s")
+    print(f"load average (1 min) {load0[0]:.1f} at the start, {load1[0]:.1f} at the end, on {os.cpu_count()} cores")
     if timings.samples:
         all_views = [v for p in VIEWS for v in timings.samples.get(p, [])]
         print(f"views p99 {percentile(all_views, 0.99) * 1000:.1f} ms, median {statistics.median(all_views) * 1000:.1f} ms")

@@ -169,6 +169,7 @@ async def test_the_first_request_gets_503_when_the_first_computation_fails(serve
 async def test_a_killed_worker_is_answered_503_then_replaced(served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     client, state = served
     monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)
+    monkeypatch.setattr(views, "FRESH_WAIT_S", 3600.0)  # a request waits for the recomputation as long as the worker lives
     first = await client.get("/v1/tenants", headers=ADMIN)
     pid = state.views.worker_pid
     assert pid is not None and pid != os.getpid() and state.views.cached("tenants") is not None
