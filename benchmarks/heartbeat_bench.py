@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import random
@@ -248,43 +249,85 @@ def rss_mb(pids: list[int]) -> float:
 # ---------------------------------------------------------------- the agents
 
 
+class Wire:
+    """One agent's keep-alive HTTP/1.1 connection, written by hand: a general client (httpx) costs more CPU
+    per request than the heartbeat costs the API, and on a small machine it would starve the API it measures."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        try:
+            return await asyncio.wait_for(self._post(path, body), timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {NODE_TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        status_line = await self.reader.readuntil(b"\r\n")
+        length = 0
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 async def agents(
     base: str, nodes: dict[str, dict[str, Any]], interval: float, start: float, measure_from: float, end: float
 ) -> dict[str, Any]:
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    limits = httpx.Limits(max_connections=len(nodes) + 8, max_keepalive_connections=len(nodes) + 8)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {NODE_TOKEN}"}, limits=limits, timeout=10) as http:
+    host, port = base.removeprefix("http://").split(":")
 
-        async def agent(node_id: str, view: dict[str, Any], offset: float) -> None:
-            body = {
-                "boot_id": view["boot_id"],
-                "running": view["running"],
-                "gpus": [{"index": i, "health": report(i in view["busy"])} for i in range(view["gpus"])],
-            }
-            tick = start + offset
-            while tick < end:
-                await asyncio.sleep(max(0.0, tick - time.time()))
-                sent = time.time()
-                problem = None
-                try:
-                    resp = await http.post(f"/v1/nodes/{node_id}/heartbeat", json=body)
-                    if resp.status_code != 200:
-                        problem = f"HTTP {resp.status_code}"
-                    elif not resp.json()["accepted"]:
-                        problem = "refused"
-                except httpx.HTTPError as err:
-                    problem = type(err).__name__
-                if sent >= measure_from:
-                    latencies.append(time.time() - sent)
-                    if problem:
-                        errors[problem] = errors.get(problem, 0) + 1
+    async def agent(node_id: str, view: dict[str, Any], offset: float) -> None:
+        body = {
+            "boot_id": view["boot_id"],
+            "running": view["running"],
+            "gpus": [{"index": i, "health": report(i in view["busy"])} for i in range(view["gpus"])],
+        }
+        wire, path, payload = Wire(host, int(port)), f"/v1/nodes/{node_id}/heartbeat", json.dumps(body).encode()
+        tick = start + offset
+        while tick < end:
+            await asyncio.sleep(max(0.0, tick - time.time()))
+            sent = time.time()
+            problem = None
+            try:
+                status, answer = await wire.post(path, payload, timeout=10.0)
+                if status != 200:
+                    problem = f"HTTP {status}"
+                elif not json.loads(answer)["accepted"]:
+                    problem = "refused"
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as err:
+                problem = type(err).__name__
+            except TimeoutError:
+                problem = "timeout (10 s)"
+            if sent >= measure_from:
+                latencies.append(time.time() - sent)
+                if problem:
+                    errors[problem] = errors.get(problem, 0) + 1
+            tick += interval
+            while tick < time.time():  # a beat that could not be sent in time is skipped, as a late agent would
                 tick += interval
-                while tick < time.time():  # a beat that could not be sent in time is skipped, as a late agent would
-                    tick += interval
+        wire.close()
 
-        rng = random.Random(len(nodes))
-        await asyncio.gather(*(agent(n, v, rng.random() * interval) for n, v in nodes.items()))
+    rng = random.Random(len(nodes))
+    await asyncio.gather(*(agent(n, v, rng.random() * interval) for n, v in nodes.items()))
     return {"latencies": latencies, "errors": errors}
 
 
@@ -413,7 +456,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between an agent's heartbeats")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds (after a warm-up of two intervals)")
     parser.add_argument("--workers", type=int, default=1, help="API worker processes (fairgang api --workers)")
-    parser.add_argument("--client-procs", type=int, default=2, help="processes hosting the simulated agents")
+    parser.add_argument("--client-procs", type=int, default=1, help="processes hosting the simulated agents")
     parser.add_argument("--busy", type=float, default=0.35, help="fraction of nodes running a live allocation")
     parser.add_argument("--history", type=int, default=20_000, help="released allocations in the store")
     args = parser.parse_args()
