@@ -117,11 +117,11 @@ async def test_the_hot_allocation_queries_use_the_live_gpu_index(seeded: Databas
 async def test_a_heartbeat_reads_and_writes_only_its_own_node_in_one_transaction(seeded: Database) -> None:
     live = await _fleet_with_allocations(seeded)
     version = await repo.change_version(seeded)
-    reports = [{"index": i, "health": {**HEALTH, "temperature_c": 40 + i}} for i in range(8)]
+    reports: dict[int, dict[str, Any]] = {i: {**HEALTH, "temperature_c": 40 + i} for i in range(8)}
 
     def policy(gpus: dict[int, repo.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
         assert sorted(gpus) == list(range(8))
-        return {r["index"]: (r["health"], False) for r in reports}
+        return {i: (health, False) for i, health in reports.items()}
 
     with Statements(seeded) as seen:
         beat = await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=policy)
