@@ -22,6 +22,9 @@ scrapers cost what one does. Each view is stamped with the time its computation 
   last time, one-time costs aside: a small fleet) is recomputed before the request is answered (up to
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the worker recomputes it;
+- the worker computes one view at a time on its loop's thread, views a request waits for
+  first; the queue's forward simulation (seconds of CPU at scale) runs in a thread, or in a
+  process of its own once it cost more than ``PROCESS_CPU_S``, while the others are computed;
 - the worker spends at most about a third of its time on one view: a computation that took
   ``t`` seconds is not started again within ``REST_FACTOR * t`` seconds of its end;
 - a failed computation, or a worker that died, is answered 503 (``ViewUnavailable``) to the
@@ -31,10 +34,12 @@ scrapers cost what one does. Each view is stamped with the time its computation 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
@@ -72,6 +77,8 @@ FIRST_WAIT_S = 120.0
 FRESH_WAIT_S = 5.0
 #: A view whose computation took t seconds is not started again within REST_FACTOR * t seconds of its end.
 REST_FACTOR = 2.0
+#: A forward simulation of the queue that cost more CPU than this runs in a process of its own next time.
+PROCESS_CPU_S = 0.5
 #: How often the worker looks at the store's version while views are asked for.
 POLL_S = 0.5
 #: A view nobody asked for within this long is no longer refreshed.
@@ -83,7 +90,7 @@ FAILED_REST_S = 2.0
 #: The worker's niceness: background work, it yields the CPU to the API and the other control-plane processes.
 WORKER_NICE = 10
 #: The module settings the API process passes on to its worker when it starts it.
-TUNING = ("MAX_AGE_S", "QUICK_CPU_S", "CALIBRATE_CPU_S", "REST_FACTOR", "POLL_S", "IDLE_S")
+TUNING = ("MAX_AGE_S", "QUICK_CPU_S", "CALIBRATE_CPU_S", "REST_FACTOR", "PROCESS_CPU_S", "POLL_S", "IDLE_S")
 #: ("module:function", argument) pairs the worker calls before it starts (a test's instrumentation).
 WORKER_SETUP: tuple[tuple[str, str], ...] = ()
 
@@ -113,6 +120,8 @@ class View:
     parts: dict[str, list[bytes]] = field(default_factory=dict)
     #: The process that computed it (the view worker).
     pid: int = 0
+    #: A first computation, to be repeated at once to learn the view's steady cost (counted cheap meanwhile).
+    calibrating: bool = False
 
     def covers(self, key: Key) -> bool:
         """Whether this view reflects the store at ``key`` (or later) and is not too old."""
@@ -192,14 +201,10 @@ class Round:
 
     async def view(self, name: str) -> Computed:
         """A view at this round's version: the last one computed if it covers it, else computed (and published) now."""
-        while True:
-            last = self.worker.views.get(name)
-            if last is not None and last.view.covers(self.key):
-                return last
-            task, started = self.worker.start(name, self)
-            computed = await task
-            if started or computed.view.covers(self.key):
-                return computed
+        last = self.worker.views.get(name)
+        if last is not None and last.view.covers(self.key):
+            return last
+        return await self.worker.compute(name, self)
 
     async def value(self, name: str) -> Any:
         return (await self.view(name)).value
@@ -236,8 +241,7 @@ async def _queue(r: Round) -> Result:
     snapshot = await r.snapshot()
     names = await repo.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
     learned = insight.learned_runtimes(await repo.finished_runtimes(r.db))
-    # In a thread of the worker: the other views are computed meanwhile (seconds of CPU at scale).
-    view, r.thread_cpu_s["queue"] = await asyncio.to_thread(_simulate, snapshot, names, learned, r.now)
+    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, names, learned, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = [
@@ -263,6 +267,14 @@ def _simulate(
     return view, time.thread_time() - cpu
 
 
+def _simulate_in_process(
+    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
+) -> tuple[insight.QueueView, float]:
+    cpu = time.process_time()
+    view = insight.estimate_queue(snapshot, names, learned, now)
+    return view, time.process_time() - cpu
+
+
 async def _metrics(r: Round) -> Result:
     from api import metrics  # here: api.metrics answers from this module
 
@@ -281,8 +293,10 @@ COMPUTE: dict[str, Callable[[Round], Awaitable[Result]]] = {
     "metrics": _metrics,
     "queue": _queue,
 }
-#: The order the worker starts them in (each is computed by its own task, concurrently).
+#: The order the worker computes them in, one after the other on its loop's thread.
 ORDER = ("fleet", "tenants", "metrics", "queue")
+#: Views computed by a task of their own: the others are computed while the forward simulation runs.
+BACKGROUND = frozenset({"queue"})
 
 
 # ---------------------------------------------------------------- the API process's side
@@ -330,7 +344,7 @@ class ViewCache:
             return view
         if view is None:
             wait = FIRST_WAIT_S
-        elif view.cpu_s < QUICK_CPU_S:
+        elif view.cpu_s < QUICK_CPU_S or view.calibrating:
             wait = FRESH_WAIT_S
         else:
             self._ask(name, None)
@@ -502,8 +516,39 @@ class Refresher:
         #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
         self.reader = SnapshotReader()
         self.reader_lock = asyncio.Lock()
+        #: Held by a computation while it runs on the loop's thread (one at a time, so that each one's CPU time
+        #: is its own); the forward simulation lets go of it while it runs elsewhere.
+        self.computing = asyncio.Lock()
         #: name -> the computation in flight, and the store version it computes.
         self._inflight: dict[str, tuple[asyncio.Task[Computed], Key]] = {}
+        #: The last forward simulation's CPU seconds, and the process that runs costly ones.
+        self._simulation_cpu_s = 0.0
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    async def simulate(
+        self, snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
+    ) -> tuple[insight.QueueView, float]:
+        """The forward simulation, with its CPU seconds: in a thread while it is cheap, else in a process of its own.
+
+        Seconds of pure Python at scale: in a thread it would hold the worker's interpreter lock
+        against the other views' computations (a cheap view a request waits for among them).
+        """
+        others = time.thread_time()
+        self.computing.release()  # the other views are computed meanwhile
+        try:
+            if self._simulation_cpu_s < PROCESS_CPU_S:
+                view, cpu = await asyncio.to_thread(_simulate, snapshot, names, learned, now)
+            else:
+                if self._pool is None:
+                    context = multiprocessing.get_context("spawn")
+                    self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context)
+                loop = asyncio.get_running_loop()
+                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, names, learned, now)
+        finally:
+            await self.computing.acquire()
+        self._simulation_cpu_s = cpu
+        # Its CPU seconds, less what the loop's thread spent on other views meanwhile.
+        return view, cpu - (time.thread_time() - others)
 
     def listen(self, stream: IO[bytes]) -> None:
         """(Its own thread) What the API process asks, until it closes the pipe."""
@@ -552,7 +597,10 @@ class Refresher:
                     await asyncio.sleep(POLL_S)
                     continue
                 pass_ = Round(self, db, key, time.time())
-                for name in asked:
+                with self._lock:
+                    waited = [n for n in asked if n in self._wanted]
+                # Views a request waits for first, on their own; the others when those are done.
+                for name in waited or asked:
                     with self._lock:
                         wanted = self._wanted.get(name)
                     last = self.views.get(name)
@@ -564,31 +612,31 @@ class Refresher:
                         continue
                     if (resting and wanted is None) or name in self._inflight:
                         continue
-                    self.start(name, pass_)
+                    if name in BACKGROUND:
+                        task = asyncio.ensure_future(self._computing(name, pass_))
+                        self._inflight[name] = (task, key)
+                        task.add_done_callback(_retrieved)
+                    else:
+                        with contextlib.suppress(Exception):  # logged and sent in _computing
+                            await self._computing(name, pass_)
         finally:
             for task, _ in list(self._inflight.values()):
                 task.cancel()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
             await db.dispose()
 
-    def start(self, name: str, pass_: Round) -> tuple[asyncio.Task[Computed], bool]:
-        """The view's computation in flight (and False), else one started now for this round (and True)."""
-        inflight = self._inflight.get(name)
-        if inflight is not None:
-            return inflight[0], False
-        task = asyncio.ensure_future(self._computing(name, pass_))
-        self._inflight[name] = (task, pass_.key)
-        task.add_done_callback(_retrieved)
-        return task, True
-
     async def _computing(self, name: str, pass_: Round) -> Computed:
+        """One view's computation (and the views it is built on), holding the loop's thread (``computing``)."""
         try:
-            computed = await self.compute(name, pass_)
-            if self.computations.get(name) == 1 and computed.view.cpu_s < CALIBRATE_CPU_S:
-                # A first computation includes one-time costs (connections, compiling the queries, reading
-                # every row the reader then keeps): repeat a cheap one at once, so that the cost the rules go
-                # by is its steady one.
-                computed = await self.compute(name, Round(self, pass_.db, pass_.key, time.time()))
-            return computed
+            async with self.computing:
+                computed = await self.compute(name, pass_)
+                if self.computations.get(name) == 1 and computed.view.cpu_s < CALIBRATE_CPU_S:
+                    # A first computation includes one-time costs (connections, compiling the queries, reading
+                    # every row the reader then keeps): repeat a cheap one at once, so that the cost the rules go
+                    # by is its steady one.
+                    computed = await self.compute(name, Round(self, pass_.db, pass_.key, time.time()))
+                return computed
         except Exception as err:  # sent to the waiting requests; retried after a rest
             log.exception("views: computing %s failed", name)
             self._not_before[name] = time.monotonic() + FAILED_REST_S
@@ -611,6 +659,7 @@ class Refresher:
         value, shipped, encode = await COMPUTE[name](pass_)
         computed_at = time.time()
         body, parts = encode(computed_at)
+        cpu_s = time.thread_time() - cpu + pass_.thread_cpu_s.get(name, 0.0)
         view = View(
             name=name,
             key=pass_.key,
@@ -618,10 +667,10 @@ class Refresher:
             body=body,
             parts=parts,
             computed_at=computed_at,
-            # (The loop's thread also runs the other views' tasks meanwhile: a cost counted high, never low.)
-            cpu_s=time.thread_time() - cpu + pass_.thread_cpu_s.get(name, 0.0),
+            cpu_s=cpu_s,
             wall_s=time.perf_counter() - wall,
             pid=os.getpid(),
+            calibrating=name not in self.computations and cpu_s < CALIBRATE_CPU_S,
         )
         _send(self.out, ("view", view))
         computed = Computed(view=view, value=value)

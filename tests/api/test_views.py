@@ -73,6 +73,7 @@ async def test_a_view_is_stamped_when_computed_reused_and_recomputed_when_the_st
     client, state = served
     monkeypatch.setattr(views, "MAX_AGE_S", 3600.0)  # only a change of the store makes it stale here
     monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)  # no repeated first computation: count every one
+    monkeypatch.setattr(views, "QUICK_CPU_S", 1.0)  # its one-time costs included, the first still counts as cheap
     # A computation that takes a while: its stamp is its end, not its start.
     (hooks / "tenants.sleep").write_text("0.3")
     first = await client.get("/v1/tenants", headers=ADMIN)
@@ -293,3 +294,32 @@ async def test_every_view_is_computed_in_the_worker_with_the_answer_an_in_proces
     for name in views.ORDER:
         view = state.views.cached(name)
         assert view is not None and view.pid == worker, name
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+async def test_a_costly_simulation_runs_in_a_process_of_its_own_with_the_same_answer(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, state = served
+    monkeypatch.setattr(views, "PROCESS_CPU_S", 0.0)  # every simulation after the first (in a thread) counts as costly
+    for name, token in (("a1", ALPHA), ("b1", BETA), ("a2", ALPHA)):
+        tenant = "alpha" if token is ALPHA else "beta"
+        job = (await client.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=token)).json()
+        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+    in_thread = (await client.get("/v1/queue", headers=ADMIN)).json()
+    assert [e["job"]["name"] for e in in_thread] == ["a1", "b1", "a2"]
+    worker = state.views.worker_pid
+    assert worker is not None
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+
+    async def in_process() -> bool:
+        await client.get("/v1/queue", headers=ADMIN)
+        return state.views.computations["queue"] >= 3
+
+    await eventually("a simulation in a process of its own", in_process)
+    assert children(worker)
+    answer = (await client.get("/v1/queue", headers=ADMIN)).json()
+    assert [(e["position"], e["job"]["id"]) for e in answer] == [(e["position"], e["job"]["id"]) for e in in_thread]
