@@ -10,11 +10,12 @@ import pytest
 from tests.e2e.conftest import Platform
 from tests.e2e.test_dashboard import render
 
-pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("platform_factory", ["sqlite"], indirect=True)]
+pytestmark = [pytest.mark.e2e]
 
 PAGE = Path(__file__).resolve().parents[2] / "api" / "static" / "dashboard.html"
 
 
+@pytest.mark.parametrize("platform_factory", ["sqlite"], indirect=True)
 def test_the_dashboard_shows_when_each_view_was_computed(platform: Platform) -> None:
     dom = render(f"{platform.api_url}/dashboard#token=admin-token")
     assert dom.find(id="status")[0].attrs["data-state"] == "ok"
