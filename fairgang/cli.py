@@ -38,13 +38,21 @@ def _logging() -> None:
 
 
 @app.command()
-def api(host: str = "127.0.0.1", port: int = 8080) -> None:
+def api(
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    workers: int = typer.Option(1, min=1, envvar="FAIRGANG_API_WORKERS", help="API processes sharing the port (uvicorn workers)."),
+) -> None:
     """Run the REST API."""
     import uvicorn
 
+    _logging()
+    if workers > 1:
+        # Each worker builds its own app (and its own connection pool) from the environment's settings.
+        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="warning")
+        return
     from api.app import create_app
 
-    _logging()
     uvicorn.run(create_app(Settings()), host=host, port=port, log_level="warning")
 
 

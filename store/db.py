@@ -11,7 +11,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from fairgang.settings import normalise_database_url
 
@@ -55,7 +55,14 @@ def make_engine(url: str, *, immediate: bool = True, **kwargs: Any) -> AsyncEngi
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
+    # Per process. A heartbeat holds a connection for a few milliseconds, so 10 serve hundreds a second;
+    # the overflow absorbs bursts (a view's longer reads beside the heartbeats), and a request that still
+    # finds none fails within 10 s (an agent's own timeout) rather than wait 30. More connections would
+    # not help a process short of CPU, and several API workers (`fairgang api --workers N`) each have their
+    # own pool: N x 20 plus the other processes' pools must fit PostgreSQL's max_connections.
     kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 10)
+    kwargs.setdefault("pool_timeout", 10.0)
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(url, **kwargs)
 
@@ -108,11 +115,12 @@ async def migrate(url: str) -> None:
     await asyncio.to_thread(migrate_sync, url)
 
 
-async def bump_change_feed(session: AsyncSession) -> None:
+async def bump_change_feed(session: AsyncSession | AsyncConnection) -> None:
     """Tell the placement service that the queue or the free capacity changed.
 
-    Runs inside the caller's transaction, so the wake-up is as durable as the change.
+    Runs inside the caller's transaction (a session's or a connection's), so the wake-up is as durable as the change.
     """
     await session.execute(text("UPDATE change_feed SET version = version + 1 WHERE id = 1"))
-    if session.bind is not None and session.bind.dialect.name == "postgresql":
+    bind = session.bind if isinstance(session, AsyncSession) else session
+    if bind is not None and bind.dialect.name == "postgresql":
         await session.execute(text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"))

@@ -11,13 +11,13 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import String, bindparam, case, cast, func, literal, not_, or_, select, update
+from sqlalchemy import ColumnElement, String, bindparam, case, cast, func, literal, literal_column, not_, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlmodel import col
 
 from fairgang.admission import FleetShape
@@ -488,15 +488,24 @@ async def register_node(
         return node, live
 
 
-async def _live_allocations_on(session: AsyncSession, node_id: str) -> list[str]:
+def _held() -> ColumnElement[Any]:
+    """``allocation_gpu.live`` as a bare term: SQLite uses the partial index ``uq_allocation_gpu_live`` (WHERE live)
+    only for a query whose WHERE holds that very term, and SQLAlchemy writes ``live = 1`` for the column on SQLite."""
+    return literal_column(f"{AllocationGpu.__tablename__}.live")
+
+
+#: Built once: at hundreds of heartbeats a second, building a statement costs as much as running it.
+_LIVE_ON_NODE = (
+    select(col(AllocationGpu.allocation_id))
+    .join(Allocation, col(Allocation.id) == col(AllocationGpu.allocation_id))
+    .where(col(AllocationGpu.node_id) == bindparam("b_node"), _held(), col(Allocation.state) != REVOKED)
+    .distinct()
+)
+
+
+async def _live_allocations_on(session: AsyncSession | AsyncConnection, node_id: str) -> list[str]:
     """The allocations the store holds on the node (a REVOKED one keeps its GPUs but is not held)."""
-    query = (
-        select(col(AllocationGpu.allocation_id))
-        .join(Allocation, col(Allocation.id) == col(AllocationGpu.allocation_id))
-        .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True, col(Allocation.state) != REVOKED)  # noqa: E712
-        .distinct()
-    )
-    return sorted(r for (r,) in (await session.execute(query)).all())
+    return sorted(r for (r,) in (await session.execute(_LIVE_ON_NODE, {"b_node": node_id})).all())
 
 
 async def revoke_allocation(db: Database, *, job_id: str, allocation_id: str, reason: str, now: float | None = None) -> bool:
@@ -536,22 +545,111 @@ async def report_running(db: Database, *, node_id: str, running: Sequence[str], 
     return stale
 
 
-async def node_heartbeat(db: Database, *, node_id: str, boot_id: str, now: float | None = None) -> tuple[bool, list[str]]:
-    """Record a heartbeat. Returns (accepted, live allocation ids on the node).
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU of a node as its heartbeat reads it (locked until the heartbeat's transaction ends)."""
 
-    A heartbeat from another boot of the node, or from a node declared lost, is
-    refused: the agent must register again, and a lost node's allocations stay lost.
+    index: int
+    healthy: bool
+    health: dict[str, Any]
+
+
+#: The health policy a heartbeat applies inside its transaction: the node's GPUs as stored in; out, for each
+#: GPU whose report is to be stored, (health to store, take the GPU out of service).
+HealthPolicy = Callable[[dict[int, GpuHealth]], dict[int, tuple[dict[str, Any], bool]]]
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What :func:`record_heartbeat` did."""
+
+    accepted: bool
+    #: The allocations the store holds on the node.
+    live: list[str]
+    #: The node's state ("READY", "CORDONED").
+    state: str = ""
+    gpu_count: int = 0
+    #: The node's GPUs as read, before the heartbeat's health was written (empty without a policy).
+    gpus: dict[int, GpuHealth] = field(default_factory=dict)
+    #: Indices of the GPUs this heartbeat took out of service.
+    taken_out: list[int] = field(default_factory=list)
+    #: (GPU index, job id, attempt) of the live allocations on the node, when a GPU was taken out.
+    gpu_jobs: list[tuple[int, str, int]] = field(default_factory=list)
+
+
+_NODE = Node.__table__  # type: ignore[attr-defined]
+_GPU = Gpu.__table__  # type: ignore[attr-defined]
+_WRITE_GPU_HEALTH = (
+    update(_GPU)
+    .where(_GPU.c.node_id == bindparam("b_node"), _GPU.c.index == bindparam("b_index"))
+    .values(health=bindparam("b_health"), healthy=bindparam("b_healthy"))
+)
+_BEAT = (
+    update(_NODE)
+    .where(_NODE.c.id == bindparam("b_node"), _NODE.c.boot_id == bindparam("b_boot"), _NODE.c.state != "LOST")
+    .values(last_heartbeat=bindparam("b_now"))
+    .returning(_NODE.c.state, _NODE.c.gpu_count)
+)
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
+_NODE_GPUS = select(_GPU.c.index, _GPU.c.healthy, _GPU.c.health).where(_GPU.c.node_id == bindparam("b_node")).with_for_update()
+
+
+async def record_heartbeat(
+    db: Database, *, node_id: str, boot_id: str, policy: HealthPolicy | None = None, now: float | None = None
+) -> Heartbeat:
+    """Record a heartbeat and, with ``policy``, its GPUs' health: one transaction over the node's own rows only.
+
+    A heartbeat from another boot of the node, or from a node declared lost, is refused: the agent must
+    register again, and a lost node's allocations stay lost. The node's GPU rows are read locked, so the
+    ``injected`` faults written back are the row's own (an admin's injection or return is never lost to a
+    report assessed meanwhile); every GPU's health is written in one statement, and only the GPUs whose
+    health or in-service flag changed. Taking a GPU out wakes the placement service.
     """
     now = time.time() if now is None else now
-    async with db.transaction() as session:
-        node = await session.get(Node, node_id)
-        if node is None or node.boot_id != boot_id or node.state == "LOST":
-            return False, []
-        was_stale = node.last_heartbeat is None
-        node.last_heartbeat = now
-        if was_stale:
-            await bump_change_feed(session)
-        return True, await _live_allocations_on(session, node_id)
+    # Core statements on one connection: at hundreds of heartbeats a second the ORM session's cost per
+    # statement is most of a heartbeat's. register_node sets the boot id and the first heartbeat together,
+    # so a heartbeat that passes the boot check always finds the node heard from already.
+    async with db.engine.begin() as conn:
+        node = (await conn.execute(_BEAT, {"b_node": node_id, "b_boot": boot_id, "b_now": now})).first()
+        if node is None:
+            return Heartbeat(accepted=False, live=[])
+        gpus: dict[int, GpuHealth] = {}
+        taken_out: list[int] = []
+        if policy is not None:
+            rows = (await conn.execute(_NODE_GPUS, {"b_node": node_id})).all()
+            gpus = {i: GpuHealth(index=i, healthy=bool(ok), health=h or {}) for i, ok, h in rows}
+            writes = []
+            for index, (health, out) in sorted(policy(gpus).items()):
+                gpu = gpus.get(index)
+                if gpu is None:
+                    continue
+                injected = gpu.health.get("injected")
+                health = {k: v for k, v in health.items() if k != "injected"} | ({"injected": injected} if injected else {})
+                healthy = gpu.healthy and not out
+                if health == gpu.health and healthy == gpu.healthy:
+                    continue
+                writes.append({"b_node": node_id, "b_index": index, "b_health": health, "b_healthy": healthy})
+                if healthy != gpu.healthy:
+                    taken_out.append(index)
+            if writes:
+                await conn.execute(_WRITE_GPU_HEALTH, writes)
+        if taken_out:
+            await bump_change_feed(conn)
+        elif conn.dialect.name == "postgresql":
+            # Nothing here the next heartbeat, 2 s on, would not write again: the commit need not wait
+            # for its WAL flush (still atomic; a server crash may lose only the last moment's beats).
+            await conn.execute(_ASYNC_COMMIT)
+        live = await _live_allocations_on(conn, node_id)
+        jobs = await _gpu_jobs(conn, node_id) if taken_out else []
+        return Heartbeat(
+            accepted=True, live=live, state=node.state, gpu_count=node.gpu_count, gpus=gpus, taken_out=taken_out, gpu_jobs=jobs
+        )
+
+
+async def node_heartbeat(db: Database, *, node_id: str, boot_id: str, now: float | None = None) -> tuple[bool, list[str]]:
+    """Record a heartbeat without health reports. Returns (accepted, live allocation ids on the node)."""
+    beat = await record_heartbeat(db, node_id=node_id, boot_id=boot_id, now=now)
+    return beat.accepted, beat.live
 
 
 async def mark_lost_nodes(db: Database, *, lost_after_s: float, now: float | None = None) -> dict[str, list[str]]:
@@ -574,7 +672,7 @@ async def mark_lost_nodes(db: Database, *, lost_after_s: float, now: float | Non
                 await session.execute(
                     select(col(Allocation.job_id))
                     .join(AllocationGpu, col(AllocationGpu.allocation_id) == col(Allocation.id))
-                    .where(col(AllocationGpu.node_id) == node.id, col(AllocationGpu.live) == True)  # noqa: E712
+                    .where(col(AllocationGpu.node_id) == node.id, _held())
                     .distinct()
                 )
             ).all()
@@ -589,6 +687,16 @@ async def list_nodes(db: Database) -> Sequence[Node]:
         return (await session.execute(select(Node).order_by(col(Node.id)))).scalars().all()
 
 
+async def get_node(db: Database, node_id: str) -> Node | None:
+    async with db.sessions() as session:
+        return await session.get(Node, node_id)
+
+
+async def get_gpu(db: Database, *, node_id: str, index: int) -> Gpu | None:
+    async with db.sessions() as session:
+        return await session.get(Gpu, (node_id, index))
+
+
 async def list_gpus(db: Database) -> Sequence[Gpu]:
     async with db.sessions() as session:
         return (await session.execute(select(Gpu).order_by(col(Gpu.node_id), col(Gpu.index)))).scalars().all()
@@ -596,8 +704,7 @@ async def list_gpus(db: Database) -> Sequence[Gpu]:
 
 async def live_allocation_gpus(db: Database) -> Sequence[AllocationGpu]:
     async with db.sessions() as session:
-        query = select(AllocationGpu).where(col(AllocationGpu.live) == True)  # noqa: E712
-        return (await session.execute(query)).scalars().all()
+        return (await session.execute(select(AllocationGpu).where(_held()))).scalars().all()
 
 
 async def queued_jobs(db: Database) -> Sequence[Job]:
@@ -1063,7 +1170,7 @@ async def node_jobs(db: Database, node_id: str) -> list[tuple[str, int]]:
         query = (
             select(col(Allocation.job_id), col(Allocation.attempt))
             .join(AllocationGpu, col(AllocationGpu.allocation_id) == col(Allocation.id))
-            .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
+            .where(col(AllocationGpu.node_id) == node_id, _held())
             .distinct()
         )
         return sorted((j, a) for j, a in (await session.execute(query)).all())
@@ -1157,12 +1264,16 @@ async def inject_gpu_fault(db: Database, *, node_id: str, index: int, fault: dic
 async def gpu_jobs(db: Database, node_id: str) -> list[tuple[int, str, int]]:
     """(GPU index, job id, attempt) of every live allocation GPU on the node."""
     async with db.sessions() as session:
-        query = (
-            select(col(AllocationGpu.gpu_index), col(Allocation.job_id), col(Allocation.attempt))
-            .join(Allocation, col(AllocationGpu.allocation_id) == col(Allocation.id))
-            .where(col(AllocationGpu.node_id) == node_id, col(AllocationGpu.live) == True)  # noqa: E712
-        )
-        return sorted((i, j, a) for i, j, a in (await session.execute(query)).all())
+        return await _gpu_jobs(session, node_id)
+
+
+async def _gpu_jobs(session: AsyncSession | AsyncConnection, node_id: str) -> list[tuple[int, str, int]]:
+    query = (
+        select(col(AllocationGpu.gpu_index), col(Allocation.job_id), col(Allocation.attempt))
+        .join(Allocation, col(AllocationGpu.allocation_id) == col(Allocation.id))
+        .where(col(AllocationGpu.node_id) == node_id, _held())
+    )
+    return sorted((i, j, a) for i, j, a in (await session.execute(query)).all())
 
 
 async def degraded_since(db: Database, node_id: str) -> float | None:
