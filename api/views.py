@@ -18,8 +18,8 @@ scrapers cost what one does. Each view is stamped with the time its computation 
 (``computed_at``, also the ``X-Computed-At`` header), and:
 
 - the first request for a view waits (up to ``FIRST_WAIT_S``) for the one computation in flight;
-- after a change of the store, a view that is cheap to compute (under ``QUICK_CPU_S`` of CPU
-  last time, one-time costs aside: a small fleet) is recomputed before the request is answered (up to
+- after a change of the store, when the views are cheap to compute (all of them together under
+  ``QUICK_CPU_S`` of CPU last time, one-time costs aside: a small fleet), the view is recomputed before the request is answered (up to
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the worker recomputes it;
 - the worker computes one view at a time on its loop's thread, views a request waits for
@@ -344,7 +344,7 @@ class ViewCache:
             return view
         if view is None:
             wait = FIRST_WAIT_S
-        elif view.cpu_s < QUICK_CPU_S or view.calibrating:
+        elif self._worker_is_quick() or view.calibrating:
             wait = FRESH_WAIT_S
         else:
             self._ask(name, None)
@@ -368,6 +368,14 @@ class ViewCache:
                 raise ViewUnavailable(f"the {name} view is still being computed; try again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, remaining)
+
+    def _worker_is_quick(self) -> bool:
+        """Every view's last computation together cost under ``QUICK_CPU_S``: a small fleet, where a request can
+        wait for a recomputation. (The worker computes one view at a time, so a view cheap on its own still waits
+        behind the costly others on a large fleet: there every request is answered from the cache.)"""
+        with self._lock:
+            views = list(self._views.values())
+        return sum(v.cpu_s for v in views) < QUICK_CPU_S
 
     def _ask(self, name: str, key: Key | None) -> None:
         """Tell the worker (started if need be) that the view is asked for, at least at ``key`` if given."""

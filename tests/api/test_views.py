@@ -154,6 +154,27 @@ async def test_a_costly_view_is_computed_off_the_api_process_and_answered_from_t
     assert not (hooks / "queue.timed_out").exists()
 
 
+async def test_on_a_costly_fleet_a_view_cheap_on_its_own_is_answered_from_the_cache_after_a_change(
+    served: Served, hooks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker computes one view at a time: where the views together are costly, a request never waits for a
+    recomputation (it would queue behind the others), however cheap its own view is."""
+    client, state = served
+    monkeypatch.setattr(views, "CALIBRATE_CPU_S", 0.0)
+    monkeypatch.setattr(views, "FRESH_WAIT_S", 120.0)  # were it to wait, it would wait for the blocked computation
+    for path in ("/v1/fleet", "/v1/tenants", "/metrics"):
+        computed_at(await client.get(path, headers=ADMIN))
+    costs = [v.cpu_s for v in (state.views.cached(n) for n in ("fleet", "tenants", "metrics")) if v is not None]
+    assert len(costs) == 3 and sum(costs) > max(costs)
+    monkeypatch.setattr(views, "QUICK_CPU_S", (max(costs) + sum(costs)) / 2)  # each view cheap, all of them not
+    before = computed_at(await client.get("/v1/tenants", headers=ADMIN))
+    (hooks / "tenants.block").touch()
+    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    answer = await asyncio.wait_for(client.get("/v1/tenants", headers=ADMIN), 30)
+    assert computed_at(answer) == before  # the cached one, while the worker recomputes
+    (hooks / "tenants.release").touch()
+
+
 async def test_the_first_request_gets_503_when_the_first_computation_fails(served: Served, hooks: Path) -> None:
     client, _ = served
     (hooks / "fleet.fail").write_text("store on fire")
