@@ -46,7 +46,8 @@ class AppState:
         return self._client
 
 
-def app_state(request: Request) -> AppState:
+async def app_state(request: Request) -> AppState:
+    """The app's state (async: FastAPI runs a plain function dependency in its thread pool, on every request)."""
     state: AppState = request.app.state.fairgang
     return state
 
