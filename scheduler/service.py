@@ -38,7 +38,8 @@ T = TypeVar("T")
 LEASE_NAME = "placement"
 
 
-#: Workflows the reconciler starts in one cycle at most, and Temporal calls a cycle has in flight at once.
+#: Workflows the reconciler starts (and bindings it signals again) in one cycle at most, and Temporal calls a
+#: cycle has in flight at once.
 RECONCILE_BATCH = 200
 TEMPORAL_CONCURRENCY = 32
 
@@ -143,12 +144,14 @@ class PlacementService:
         metrics.SCHEDULING_PHASE.labels(phase="commit").observe(time.perf_counter() - committing)
         self.reservations = decisions.reservations
         # 5. Tell the workflows: bindings, then preemptions (victims checkpoint and stop; their GPUs are nominated).
-        await self._signal(allocations)
+        await self._signal(allocations, now)
         preempted = await self._preempt(decisions.preemptions, {r.id for r in snapshot.running})
         report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons), preempted=preempted)
         # 6. Reconcile.
-        stale = await repo.unacked_allocations(self.db, older_than=now - self.settings.scheduler_resignal_after_s)
-        await self._signal(stale)
+        stale = await repo.unacked_allocations(
+            self.db, older_than=now - self.settings.scheduler_resignal_after_s, now=now, limit=RECONCILE_BATCH
+        )
+        await self._signal(stale, now)
         report.resignalled = len(stale)
         report.started_workflows = await self._start_missing_workflows(now)
         return report
@@ -178,7 +181,7 @@ class PlacementService:
                 except Exception as err:  # noqa: BLE001 - the member's heartbeat timeout catches it anyway
                     log.warning("node-lost signal to %s failed: %s", job_id, err)
 
-    async def _signal(self, allocations: Sequence[Any]) -> None:
+    async def _signal(self, allocations: Sequence[Any], now: float) -> None:
         async def signal(alloc: Any) -> str | None:
             try:
                 await temporal.signal_placement(
@@ -190,7 +193,7 @@ class PlacementService:
                 return None
 
         sent = [alloc_id for alloc_id in await _bounded([signal(a) for a in allocations]) if alloc_id is not None]
-        await repo.mark_signalled(self.db, sent)
+        await repo.mark_signalled(self.db, sent, now)
 
     async def _start_missing_workflows(self, now: float) -> int:
         """Start the workflows the API did not (a burst, a crash): a bounded batch per cycle, started concurrently,

@@ -850,14 +850,22 @@ class _SkipBinding(Exception):
     pass
 
 
-async def unacked_allocations(db: Database, *, older_than: float) -> Sequence[Allocation]:
-    """Bindings committed but not acknowledged by their workflow since ``older_than``."""
+async def unacked_allocations(
+    db: Database, *, older_than: float, now: float | None = None, limit: int | None = None
+) -> Sequence[Allocation]:
+    """Bindings committed but not acknowledged by their workflow, last signalled before ``older_than``.
+
+    With ``now``, each is signalled again with backoff: only once it has waited since its last signal at
+    least as long as it had waited before that signal (so the gaps double while Temporal lags). Oldest
+    first, at most ``limit``.
+    """
+    last = func.coalesce(col(Allocation.signalled_at), col(Allocation.created_at))
+    query = select(Allocation).where(col(Allocation.state) == "BOUND", last < older_than)
+    if now is not None:
+        signalled = col(Allocation.signalled_at)
+        query = query.where(or_(signalled.is_(None), now - signalled >= signalled - col(Allocation.created_at)))
     async with db.sessions() as session:
-        query = select(Allocation).where(
-            col(Allocation.state) == "BOUND",
-            func.coalesce(col(Allocation.signalled_at), col(Allocation.created_at)) < older_than,
-        )
-        return (await session.execute(query)).scalars().all()
+        return (await session.execute(query.order_by(last, col(Allocation.id)).limit(limit))).scalars().all()
 
 
 async def mark_signalled(db: Database, allocation_ids: Sequence[str], now: float | None = None) -> None:

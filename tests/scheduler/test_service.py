@@ -135,9 +135,14 @@ async def test_reconciler_resignals_bindings_their_workflow_has_not_acknowledged
     assert (await service.cycle(now=now + 1)).resignalled == 0
     assert (await service.cycle(now=now + 6)).resignalled == 1
     [alloc] = await repo.job_allocations(seeded, job.id)
+    # A signal that reached a workflow which does not acknowledge is sent again with backoff: it had waited 6 s
+    # before that signal, so it waits 6 s more before the next (a failed signal, as here, is tried every cycle).
+    await repo.mark_signalled(seeded, [alloc.id], now + 6)
+    assert (await service.cycle(now=now + 11.5)).resignalled == 0  # past the 5 s, not yet past the 6 s
+    assert (await service.cycle(now=now + 12.5)).resignalled == 1
     assert alloc.state == "BOUND"
     await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
-    assert (await service.cycle(now=now + 20)).resignalled == 0
+    assert (await service.cycle(now=now + 40)).resignalled == 0
 
 
 async def _workflow_count(client: Client, job_id: str) -> int:
