@@ -80,6 +80,8 @@ class Options:
     tabs: int = 1
     #: API processes (uvicorn workers, FAIRGANG_API_WORKERS).
     api_workers: int = 2
+    #: Seconds between two heartbeats of a node (the platform's FAIRGANG_NODE_HEARTBEAT_INTERVAL_S; 2 by default).
+    heartbeat_interval: float = 2.0
     warmup_timeout: float = 600.0
     data_dir: Path | None = None
     pg_url: str = PG_DEFAULT
@@ -466,6 +468,7 @@ async def run(opts: Options) -> Result:
             "FAIRGANG_NODE_TOKEN": config.node_token,
             "PYTHONPATH": str(ROOT),
             "FAIRGANG_API_WORKERS": str(opts.api_workers),
+            "FAIRGANG_NODE_HEARTBEAT_INTERVAL_S": str(opts.heartbeat_interval),
         },
     )
     db = Database(url)
@@ -723,6 +726,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst", type=int, default=300, help="submissions in the burst (0: none)")
     parser.add_argument("--tabs", type=int, default=1, help="dashboard tabs polling the views")
     parser.add_argument("--api-workers", type=int, default=2, help="API processes (uvicorn workers)")
+    parser.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds between a node's heartbeats (the SPEC's fleet: 2)")
     parser.add_argument("--warmup-timeout", type=float, default=600.0)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--pg-url", default=PG_DEFAULT, help="a PostgreSQL server's database to create the bench's database from")
@@ -741,6 +745,7 @@ def main(argv: list[str] | None = None) -> None:
         burst=args.burst,
         tabs=args.tabs,
         api_workers=args.api_workers,
+        heartbeat_interval=args.heartbeat_interval,
         warmup_timeout=args.warmup_timeout,
         data_dir=args.data_dir,
         pg_url=args.pg_url,
