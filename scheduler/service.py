@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 from fairgang import metrics, temporal
 from fairgang.settings import Settings
-from scheduler.core import Preempt, Reservation, Scheduler, SchedulerConfig
+from scheduler.core import Decisions, Preempt, Reservation, Scheduler, SchedulerConfig
 from scheduler.snapshot import SnapshotReader, build_snapshot
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
@@ -53,6 +53,25 @@ async def _bounded(calls: Sequence[Coroutine[Any, Any, T]], limit: int = TEMPORA
             return await call
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, epoch: int, now: float) -> list[Any]:
+    """Commit a cycle's bindings, fenced by the lease epoch, with the pending reasons that changed since ``reader``'s read.
+
+    Raises:
+        repo.LeaseLost: when ``epoch`` is no longer the lease's.
+    """
+    rows = [
+        repo.BindingRow(
+            job_id=b.job_id,
+            attempt=b.attempt,
+            members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
+        )
+        for b in decisions.binds
+    ]
+    stored = reader.pending_reasons
+    changed = {job_id: reason for job_id, reason in decisions.pending_reasons.items() if stored.get(job_id) != reason}
+    return list(await repo.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now))
 
 
 @dataclass
@@ -124,20 +143,8 @@ class PlacementService:
         metrics.SCHEDULING_DECISION.observe(committing - decided)
         metrics.SCHEDULING_PHASE.labels(phase="core").observe(committing - decided)
         # 4. Commit, fenced by the epoch.
-        rows = [
-            repo.BindingRow(
-                job_id=b.job_id,
-                attempt=b.attempt,
-                members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
-            )
-            for b in decisions.binds
-        ]
-        stored = self.reader.pending_reasons
-        changed = {job_id: reason for job_id, reason in decisions.pending_reasons.items() if stored.get(job_id) != reason}
         try:
-            allocations = await repo.commit_bindings(
-                self.db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now
-            )
+            allocations = await commit(self.db, decisions, self.reader, epoch=epoch, now=now)
         except repo.LeaseLost as err:
             log.warning("%s", err)
             return CycleReport(leader=False)

@@ -24,6 +24,7 @@ from sqlmodel import col
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import JobState
 from scheduler.core import Member, NodeView, PendingJob, Quota, RunningJob, Scheduler, SchedulerConfig, Snapshot, TenantView
+from scheduler.service import LEASE_NAME, commit
 from scheduler.snapshot import SnapshotReader
 from store import repo, usage
 from store.db import Database
@@ -181,18 +182,9 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
             decided = core.run_cycle(kept, now)
             assert decided == Scheduler().run_cycle(fresh, now)
             compared += 1
-            epoch = await repo.acquire_lease(db, name="placement", holder="walk", ttl_s=1e9, now=now)
+            epoch = await repo.acquire_lease(db, name=LEASE_NAME, holder="walk", ttl_s=1e9, now=now)
             assert epoch is not None
-            rows = [
-                repo.BindingRow(
-                    job_id=b.job_id,
-                    attempt=b.attempt,
-                    members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
-                )
-                for b in decided.binds
-            ]
-            changed = {k: v for k, v in decided.pending_reasons.items() if reader.pending_reasons.get(k) != v}
-            await repo.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name="placement", epoch=epoch, now=now)
+            await commit(db, decided, reader, epoch=epoch, now=now)  # as the placement service commits
         else:
             running = [j for j in await repo.list_jobs(db, limit=1000) if j.state in ("PLACED", "RUNNING")]
             if action == "run" and running:
