@@ -119,7 +119,11 @@ def test_cancel_stops_the_container_gracefully_then_kills_it(podman_platform: Pl
     trap = "trap 'echo got TERM; exit 0' TERM" if handles_term else "trap '' TERM"
     job = p.submit(container_spec(f"stop-{handles_term}".lower(), f"{trap}; echo started; while true; do sleep 0.2; done"))
     running = p.wait_for(job["id"], {"RUNNING"}, timeout=120)
-    assert f"fg-{running['allocation']['id']}-r0" in containers(p), "the member runs as a container"
+    # RUNNING once the container CLI has started; the container itself shows up in podman's list a moment later.
+    name, deadline = f"fg-{running['allocation']['id']}-r0", time.monotonic() + 60
+    while name not in containers(p):
+        assert time.monotonic() < deadline, "the member runs as a container"
+        time.sleep(0.2)
     with p.client("alpha-token") as http:
         assert http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
     done = p.wait_for(job["id"], TERMINAL, timeout=120)
