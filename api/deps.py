@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from store import repo
 from store.db import Database
 
 log = logging.getLogger("fairgang.api")
+#: After a failed connect to Temporal, how long requests go without trying again.
+TEMPORAL_RETRY_S = 2.0
 
 
 @dataclass
@@ -26,6 +29,7 @@ class AppState:
     db: Database
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _retry_at: float = 0.0
     #: The heavy views of this process (fleet, tenants, queue, metrics), computed by its view worker process.
     views: ViewCache = field(init=False)
 
@@ -33,15 +37,24 @@ class AppState:
         self.views = ViewCache(self.settings, self.db.url)
 
     async def temporal(self) -> Client | None:
-        """The Temporal client, connected on first use; None while Temporal is unreachable."""
+        """The Temporal client, connected on first use; None while Temporal is unreachable.
+
+        After a failed connect, requests get None at once for ``TEMPORAL_RETRY_S`` instead of each waiting
+        for a connect of its own (a submission is stored either way; the reconciler starts its workflow).
+        """
         if self._client is not None:
             return self._client
+        if time.monotonic() < self._retry_at:
+            return None
         async with self._lock:
             if self._client is None:
+                if time.monotonic() < self._retry_at:
+                    return None
                 try:
                     self._client = await asyncio.wait_for(temporal.connect(self.settings), 5)
                 except Exception as err:  # noqa: BLE001 - any connect failure means "not now"
-                    log.warning("temporal unreachable: %s", err)
+                    self._retry_at = time.monotonic() + TEMPORAL_RETRY_S
+                    log.warning("temporal unreachable (next try in %.0f s): %s", TEMPORAL_RETRY_S, err)
                     return None
         return self._client
 

@@ -6,9 +6,12 @@ reconciler starts their workflows later), so these tests cover the API's own rul
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
+from fairgang.settings import Settings
 from store import repo
 from store.db import Database
 from tests.builders import spec_dict
@@ -160,3 +163,22 @@ async def test_tenant_policy_refusals_at_submit_name_the_field_and_store_nothing
     within = {"gpu_type": "H100-80GB", "gpu_count": 8, "max_runtime": "1h"}
     ok = await api.post("/v1/jobs", json=spec_dict(checkpoint_dir="/ckpt/beta/x", **(overrides | {field: within[field]})), headers=BETA)
     assert ok.status_code == 201, ok.text
+
+
+async def test_after_a_failed_connect_to_temporal_requests_do_not_each_try_again(seeded: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import deps
+
+    tries = 0
+
+    async def unreachable(settings: Settings) -> Any:
+        nonlocal tries
+        tries += 1
+        raise ConnectionError("temporal is down")
+
+    monkeypatch.setattr(deps.temporal, "connect", unreachable)
+    state = deps.AppState(settings=Settings(database_url=seeded.url), db=seeded)
+    assert [await state.temporal() for _ in range(20)] == [None] * 20
+    assert tries == 1
+    monkeypatch.setattr(deps, "TEMPORAL_RETRY_S", 0.0)
+    state._retry_at = 0.0
+    assert await state.temporal() is None and tries == 2
