@@ -43,12 +43,11 @@ import httpx
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
 
 from activities.launch import HEARTBEAT_EVERY_S, LaunchActivities, RunningMember
 from fairgang.cluster import NodeConfig, load_cluster_config
 from fairgang.processes import connect_temporal_with_retry
-from fairgang.settings import Settings, node_task_queue
+from fairgang.settings import Settings
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import SimulatedGpus
 from worker_agent.shim import lease_clock
@@ -230,13 +229,7 @@ class AgentHost:
 
     async def _serve(self, agent: NodeAgent, client: Client, delay: float) -> None:
         await asyncio.sleep(delay)
-        worker = Worker(
-            client,
-            task_queue=node_task_queue(agent.node_id),
-            activities=[agent.launcher.launch, agent.launcher.stop],
-            max_concurrent_activities=64,
-            max_concurrent_activity_task_polls=self.polls,
-        )
+        worker = agent.worker(client, max_concurrent_activity_task_polls=self.polls)
         beats = asyncio.create_task(agent.heartbeat_loop())
         try:
             await worker.run()

@@ -167,12 +167,9 @@ class NodeAgent:
             self.launcher.fenced.add(member.allocation_id)
             self._spawn(stop_member(member))
 
-    async def run(self, client: Client) -> None:
-        """Stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""
-        orphans = self.launcher.orphans()
-        if orphans:
-            await asyncio.gather(*(self.launcher.stop_orphan(m) for m in orphans))
-        worker = Worker(
+    def worker(self, client: Client, **options: Any) -> Worker:
+        """The Temporal worker of the node's task queue: its launch and stop activities."""
+        return Worker(
             client,
             task_queue=node_task_queue(self.node_id),
             # `stop` is how a cancel or preemption reaches a member at once: the launch activity's own
@@ -181,7 +178,15 @@ class NodeAgent:
             max_concurrent_activities=64,
             # No graceful timeout: a stopping agent cancels its launch activities at once, and each
             # stops its member (SIGTERM, grace, SIGKILL) before the worker finishes shutting down.
+            **options,
         )
+
+    async def run(self, client: Client) -> None:
+        """Stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""
+        orphans = self.launcher.orphans()
+        if orphans:
+            await asyncio.gather(*(self.launcher.stop_orphan(m) for m in orphans))
+        worker = self.worker(client)
         beats = asyncio.create_task(self.heartbeat_loop())
         try:
             await worker.run()

@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey
@@ -26,9 +23,8 @@ from fairgang.dev import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
 from store import repo
-from store.db import Database, migrate
+from store.db import Database
 from tests.builders import job_spec
-from tests.conftest import small_cluster
 from workflows.job import FENCE_MARGIN_S, TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement, PlacementMember
 
@@ -63,18 +59,6 @@ async def _platform(client: Client, db: Database, node: FakeNode, stack: list[Wo
     control = Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[TrainingJobWorkflow], activities=StoreActivities(db).all())  # type: ignore[arg-type]
     nodes = [Worker(client, task_queue=f"node-{n}", activities=[node.launch]) for n in ("h1", "h2")]
     stack.extend([control, *nodes])
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Database]:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'wf.db'}"
-    await migrate(url)
-    db = Database(url)
-    await repo.seed_cluster(db, small_cluster())
-    for node_id in ("h1", "h2"):
-        await repo.register_node(db, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=1e12)
-    yield db
-    await db.dispose()
 
 
 Handle = WorkflowHandle[TrainingJobWorkflow, JobOutcome]

@@ -30,9 +30,8 @@ from fairgang.dev import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
 from store import repo
-from store.db import Database, migrate
+from store.db import Database
 from tests.builders import job_spec
-from tests.conftest import small_cluster
 from workflows.job import TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus
 
@@ -69,18 +68,6 @@ while True:
 
 def times(path: Path) -> list[float]:
     return [float(line) for line in path.read_text().split()] if path.exists() else []
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Database]:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'wf.db'}"
-    await migrate(url)
-    db = Database(url)
-    await repo.seed_cluster(db, small_cluster())
-    for node_id in ("h1", "h2"):
-        await repo.register_node(db, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=1e12)
-    yield db
-    await db.dispose()
 
 
 class Harness:
