@@ -18,8 +18,9 @@ exactly the rows ``create_job``, ``mark_queued``, ``commit_bindings``, ``record_
 ``requeue_job`` write, without a transaction per state change. Historical allocations are spread
 over GPUs of the right type without checking that two of them never overlapped in time on one GPU
 (nothing reads history that way); the current live allocations are packed without overlap, as the
-partial unique index requires. Afterwards ``repo.rebuild_usage_ledger(db)`` is called where the store
-keeps a usage ledger, so that it matches the inserted history.
+partial unique index requires. Afterwards ``store.usage.rebuild`` brings any usage ledger the store
+keeps in line with the inserted history (an empty store has none: the first placement cycle builds
+its ledger from these rows).
 
 With ``--live`` the current jobs are left for a live platform to run: the 2,000 "running" and 2,000
 queued jobs are all stored as just submitted (QUEUED, their workflows not started yet), so the
@@ -52,7 +53,7 @@ from sqlmodel import SQLModel
 
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import PRIORITY_CLASSES, JobSpec
-from store import repo
+from store import repo, usage
 from store.db import Database, migrate
 from worker_agent.gpus import SimulatedGpus
 
@@ -479,9 +480,7 @@ async def build(
             await insert_rows(conn, rows)
             if not db.sqlite:
                 await conn.execute(text("ANALYZE"))
-        rebuild = getattr(repo, "rebuild_usage_ledger", None)
-        if rebuild is not None:
-            await rebuild(db)
+        await usage.rebuild(db, now=now)  # ledgers kept already (none in an empty store) match the inserted rows
         if db.sqlite:
             async with db.engine.connect() as conn:
                 await conn.exec_driver_sql("ANALYZE")
