@@ -205,18 +205,19 @@ async def usage(db: Database, *, half_life: float, now: float) -> dict[str, dict
     """Tenant -> GPU type -> decayed GPU-seconds at ``now``, from the ledger (built first if this half-life is new)."""
     if half_life <= 0:
         return {}
-    await ensure_ledger(db, half_life=half_life, now=now)
+    query = select(
+        col(UsageAccount.tenant),
+        col(UsageAccount.gpu_type),
+        col(UsageAccount.closed),
+        col(UsageAccount.live_start),
+        col(UsageAccount.live_gpus),
+    ).where(col(UsageAccount.half_life_s) == half_life)
     async with db.sessions() as session:
         ledger = await session.get(UsageLedger, half_life)
-        query = select(
-            col(UsageAccount.tenant),
-            col(UsageAccount.gpu_type),
-            col(UsageAccount.closed),
-            col(UsageAccount.live_start),
-            col(UsageAccount.live_gpus),
-        ).where(col(UsageAccount.half_life_s) == half_life)
-        rows = (await session.execute(query)).all()
-    assert ledger is not None
+        rows = (await session.execute(query)).all() if ledger is not None else []
+    if ledger is None:  # a half-life met for the first time: build its ledger from the history, then read it
+        await ensure_ledger(db, half_life=half_life, now=now)
+        return await usage(db, half_life=half_life, now=now)
     out: dict[str, dict[str, float]] = {}
     for tenant, gpu_type, closed, live_start, live_gpus in rows:
         value = decayed(closed=closed, live_start=live_start, live_gpus=live_gpus, ref=ledger.ref_t, half_life=half_life, now=now)
