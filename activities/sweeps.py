@@ -14,15 +14,14 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.launch import log_path
-from fairgang import temporal
 from fairgang.admission import FleetShape, TenantPolicy, check_admission
-from fairgang.settings import Settings
+from fairgang.settings import Settings, log_path
 from fairgang.spec import SpecError
 from fairgang.sweeps import SweepSpec, parse_metrics, parse_sweep, trial_job_id
 from store import repo
 from store.db import Database
 from store.models import Sweep, Tenant
+from workflows import starter
 from workflows.sweep_messages import (
     FinishSweepInput,
     OpenSweepInput,
@@ -176,7 +175,7 @@ class SweepActivities:
         except repo.AdmissionRefused as err:
             return TrialStart(status="wait", reason=err.reason)
         await repo.add_trial(self.db, sweep_id=sweep.id, index=inp.index, params=params, job_id=job.id)
-        return TrialStart(status="created", job_id=job.id, job=temporal.job_input(job, self.settings))
+        return TrialStart(status="created", job_id=job.id, job=starter.job_input(job, self.settings))
 
     @activity.defn(name="trial_states")
     async def trial_states(self, inp: TrialStatesInput) -> TrialStates:

@@ -16,10 +16,10 @@ from fastapi import APIRouter, HTTPException, Query
 
 from api.deps import AppState, Caller, State, log
 from api.schemas import FaultInjection
-from fairgang import temporal
 from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, parse_xids
 from fairgang.settings import Settings
 from store import repo
+from workflows import starter
 
 router = APIRouter(prefix="/v1", tags=["health"])
 
@@ -44,11 +44,11 @@ async def move_job(state: AppState, *, job_id: str, attempt: int, node_id: str, 
         log.warning("cannot move %s off %s: Temporal unreachable", job_id, node_id)
         return
     try:
-        await temporal.preempt(client, job_id=job_id, reason=reason)
+        await starter.preempt(client, job_id=job_id, reason=reason)
     except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unanswered
         log.warning("preempting %s for health failed (%s): requeueing it as on a lost node", job_id, err)
         try:
-            await temporal.signal_node_lost(client, job_id=job_id, node_id=node_id)
+            await starter.signal_node_lost(client, job_id=job_id, node_id=node_id)
         except Exception as err2:  # noqa: BLE001 - the member's heartbeat timeout catches it anyway
             log.warning("node-lost signal to %s failed: %s", job_id, err2)
 
@@ -196,7 +196,7 @@ async def drain(
             raise HTTPException(503, "the workflow service is unreachable; try again")
         for job_id, _ in jobs:
             try:
-                await temporal.preempt(client, job_id=job_id, reason=f"drain: node {node_id} drained by admin")
+                await starter.preempt(client, job_id=job_id, reason=f"drain: node {node_id} drained by admin")
             except Exception as err:  # noqa: BLE001 - not running yet or already stopping: it will not come back here
                 log.info("drain: %s not preempted: %s", job_id, err)
     return {**_node_public(node), "jobs": [j for j, _ in jobs], "moving": checkpoint}

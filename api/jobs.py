@@ -8,16 +8,15 @@ from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from temporalio.client import WorkflowUpdateFailedError
 
-from activities.launch import log_path
 from api.deps import Caller, State, log, require_user
 from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
 from api.views import json_list
-from fairgang import temporal
 from fairgang.admission import TenantPolicy, check_admission
-from fairgang.settings import Settings
+from fairgang.settings import Settings, log_path
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
 from store import repo
 from store.models import Job
+from workflows import starter
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 
@@ -79,7 +78,7 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
         client = await state.temporal()
         if client is not None:
             try:
-                await temporal.start_job_workflow(client, job, state.settings)
+                await starter.start_job_workflow(client, job, state.settings)
                 await repo.mark_workflow_started(state.db, job.id)
             except Exception as err:  # noqa: BLE001
                 # The placement service's reconciler starts it later; the job is safe in the store.
@@ -162,7 +161,7 @@ async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
     client = await state.temporal()
     if client is None:
         raise HTTPException(503, "the workflow service is unreachable; try again")
-    await temporal.signal_cancel(client, job_id=job.id, reason=reason)
+    await starter.signal_cancel(client, job_id=job.id, reason=reason)
     return JobPublic.of(job)
 
 
@@ -177,7 +176,7 @@ async def preempt_job(state: State, who: Caller, job_id: str, reason: str | None
         raise HTTPException(503, "the workflow service is unreachable; try again")
     why = reason or ("preempted by admin" if who.admin else f"preempted by tenant {who.tenant}")
     try:
-        answer = await temporal.preempt(client, job_id=job.id, reason=why)
+        answer = await starter.preempt(client, job_id=job.id, reason=why)
     except WorkflowUpdateFailedError as err:
         raise HTTPException(409, str(err.cause or err)) from None
     return PreemptResult(accepted=answer.accepted, message=answer.message)

@@ -12,7 +12,7 @@ Otherwise the activity does what the real one does: the member is in ``running``
 it and its GPUs as busy), holds a lease that heartbeat answers renew, signals ``member_started``,
 heartbeats every second, ends fenced when the agent fences it or its lease runs out, and on
 cancellation stops (the simulated grace) and re-raises. A job without ``FAIRGANG_SIM_RUNTIME_S`` runs
-its real process through :class:`~activities.launch.LaunchActivities`.
+its real process through :class:`~worker_agent.launch.LaunchActivities`.
 
 The host measures every heartbeat (time to the API's answer, its status) and writes them, with launch
 counts, to ``--stats`` (JSON) every few seconds and when it stops::
@@ -44,12 +44,12 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.launch import HEARTBEAT_EVERY_S, LaunchActivities, RunningMember
+from cli.processes import connect_temporal_with_retry
 from fairgang.cluster import NodeConfig, load_cluster_config
-from fairgang.processes import connect_temporal_with_retry
 from fairgang.settings import Settings
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import SimulatedGpus
+from worker_agent.launch import HEARTBEAT_EVERY_S, LaunchActivities, RunningMember
 from worker_agent.shim import lease_clock
 from workflows.job import MEMBER_FENCED
 from workflows.messages import LaunchInput, LaunchResult, MemberStarted

@@ -191,7 +191,7 @@ def free_port() -> int:
 
 def start_api(url: str, port: int, workers: int, log_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "FAIRGANG_DATABASE_URL": url, "FAIRGANG_TEMPORAL_ADDRESS": "127.0.0.1:1", "FAIRGANG_LOG_DIR": str(log_dir)}
-    cmd = [sys.executable, "-m", "fairgang.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cli", "api", "--host", "127.0.0.1", "--port", str(port)]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)

@@ -2,7 +2,7 @@
 
 It builds a store with :mod:`benchmarks.scale_store` (``--live``: the fleet, 50 tenants, about 96,000
 finished jobs of history, and 2,000 + 2,000 jobs just submitted, for the platform to place), then
-starts the real platform the way ``fairgang dev`` does (fairgang/dev.py): Temporal's dev server, the
+starts the real platform the way ``fairgang dev`` does (cli/platform.py): Temporal's dev server, the
 API, the placement service and the workflow worker, on PostgreSQL (``--store postgres``) or on the
 embedded SQLite default, plus the 750 node agents hosted in a few :mod:`benchmarks.agent_host`
 processes (each node its own task queue, registration and heartbeat loop; members are timers).
@@ -53,7 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from benchmarks import scale_store
-from fairgang.dev import DevPlatform, wait_for_port
+from cli.platform import DevPlatform, wait_for_port
 from store.db import Database
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -87,7 +87,7 @@ class Dev:
         data_dir.mkdir(parents=True, exist_ok=True)
         config = data_dir / "cluster.yaml"
         config.write_text(yaml.safe_dump(CLUSTER))
-        argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(config), "--data-dir", str(data_dir)]
+        argv = [sys.executable, "-m", "cli", "dev", "--config", str(config), "--data-dir", str(data_dir)]
         argv += ["--api-port", str(self.api_port), "--temporal-port", str(temporal_port), "--ui-port", str(ui_port)]
         self.log = data_dir / "dev.log"
         with open(self.log, "ab") as out:

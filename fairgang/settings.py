@@ -91,3 +91,8 @@ def normalise_database_url(url: str) -> str:
     if url.startswith("sqlite:///"):
         return "sqlite+aiosqlite:///" + url[len("sqlite:///") :]
     return url
+
+
+def log_path(log_dir: Path, job_id: str, attempt: int, rank: int) -> Path:
+    """Where a member's stdout and stderr go: one file per attempt and rank."""
+    return log_dir / job_id / f"attempt-{attempt}-rank-{rank}.log"

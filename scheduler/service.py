@@ -24,12 +24,13 @@ from typing import Any, TypeVar
 
 from temporalio.client import Client
 
-from fairgang import metrics, temporal
+from fairgang import metrics
 from fairgang.settings import Settings
 from scheduler.core import Decisions, Preempt, Reservation, Scheduler, SchedulerConfig
 from scheduler.snapshot import SnapshotReader, build_snapshot
 from store import repo
 from store.db import NOTIFY_CHANNEL, Database
+from workflows import starter
 
 __all__ = ["LEASE_NAME", "CycleReport", "PlacementService", "build_snapshot"]
 
@@ -171,7 +172,7 @@ class PlacementService:
                 continue
             self.preempting.add((p.job_id, p.attempt))
             try:
-                await temporal.preempt(self.client, job_id=p.job_id, reason=f"{p.reason}: its GPUs go to {p.for_job}", for_job=p.for_job)
+                await starter.preempt(self.client, job_id=p.job_id, reason=f"{p.reason}: its GPUs go to {p.for_job}", for_job=p.for_job)
                 asked += 1
                 metrics.PREEMPTIONS_ASKED.labels(reason=p.reason).inc()
             except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unreachable
@@ -184,14 +185,14 @@ class PlacementService:
             log.warning("node %s declared lost; telling %d job(s)", node_id, len(job_ids))
             for job_id in job_ids:
                 try:
-                    await temporal.signal_node_lost(self.client, job_id=job_id, node_id=node_id)
+                    await starter.signal_node_lost(self.client, job_id=job_id, node_id=node_id)
                 except Exception as err:  # noqa: BLE001 - the member's heartbeat timeout catches it anyway
                     log.warning("node-lost signal to %s failed: %s", job_id, err)
 
     async def _signal(self, allocations: Sequence[Any], now: float) -> None:
         async def signal(alloc: Any) -> str | None:
             try:
-                await temporal.signal_placement(
+                await starter.signal_placement(
                     self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=alloc.members
                 )
                 return str(alloc.id)
@@ -209,7 +210,7 @@ class PlacementService:
 
         async def start(job: Any) -> str | None:
             try:
-                await temporal.start_job_workflow(self.client, job, self.settings)
+                await starter.start_job_workflow(self.client, job, self.settings)
                 return str(job.id)
             except Exception as err:  # noqa: BLE001 - retried next cycle
                 log.warning("could not start workflow for %s: %s", job.id, err)

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from api.deps import AppState
-from fairgang import cli
+from cli import dev as dev_cli
+from cli.main import app as cli_app
 from fairgang.cluster import ClusterConfig, load_cluster_config
 from fairgang.settings import Settings
 from fairgang.spec import load_spec_text
@@ -50,7 +51,7 @@ async def test_every_example_job_is_admitted_under_the_example_cluster(
 ) -> None:
     api, db = example_api
     monkeypatch.chdir(ROOT)
-    jobs = cli._demo_jobs(load_cluster_config(CLUSTER))
+    jobs = dev_cli._demo_jobs(load_cluster_config(CLUSTER))
     assert len(jobs) == len(list((ROOT / "examples" / "jobs").glob("*.yaml"))) >= 3
     for path, body, token in jobs:
         assert token is not None, f"{path.name}: its tenant has no token in {CLUSTER.name}"
@@ -80,7 +81,7 @@ async def test_the_readme_job_spec_parses_and_is_admitted(example_api: tuple[htt
 
 
 class _Platform:
-    """Stands in for fairgang.dev.DevPlatform: starts nothing, records that it was stopped."""
+    """Stands in for cli.platform.DevPlatform: starts nothing, records that it was stopped."""
 
     stopped = False
 
@@ -101,10 +102,10 @@ class _Platform:
 
 
 def test_a_refused_example_job_fails_the_demo_with_exit_status_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fairgang.dev
+    import cli.platform
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(fairgang.dev, "DevPlatform", _Platform)
+    monkeypatch.setattr(cli.platform, "DevPlatform", _Platform)
     posted: list[str] = []
 
     def post(url: str, *, json: dict[str, Any], **kwargs: Any) -> httpx.Response:
@@ -116,11 +117,11 @@ def test_a_refused_example_job_fails_the_demo_with_exit_status_1(monkeypatch: py
     def get(*args: Any, **kwargs: Any) -> httpx.Response:
         raise AssertionError("the demo must not follow its jobs after a refusal")
 
-    monkeypatch.setattr(cli.httpx, "post", post)
-    monkeypatch.setattr(cli.httpx, "get", get)
+    monkeypatch.setattr(dev_cli.httpx, "post", post)
+    monkeypatch.setattr(dev_cli.httpx, "get", get)
     sigterm = signal.getsignal(signal.SIGTERM)  # `dev` installs its own handler
     try:
-        result = CliRunner().invoke(cli.app, ["dev", "--config", str(CLUSTER), "--demo"], env={"COLUMNS": "200"})
+        result = CliRunner().invoke(cli_app, ["dev", "--config", str(CLUSTER), "--demo"], env={"COLUMNS": "200"})
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.output, result.exception)

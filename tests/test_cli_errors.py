@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(url: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {"FAIRGANG_API_URL": url, "FAIRGANG_TOKEN": "t", "PATH": "/usr/bin:/bin", "COLUMNS": "200", **extra}
-    return subprocess.run([sys.executable, "-m", "fairgang.cli", "fleet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "cli", "fleet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_an_unreachable_api_is_one_clear_line() -> None:

@@ -15,7 +15,7 @@ import pytest
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ async def test_worker_serves_the_sdk_metrics(temporal: WorkflowEnvironment, tmp_
         "FAIRGANG_TEMPORAL_METRICS_BIND": f"127.0.0.1:{port}",
     }
     env.pop("DATABASE_URL", None)
-    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "fairgang.cli", "worker", cwd=REPO, env=env)
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", "worker", cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 60
         text = ""

@@ -33,9 +33,9 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.launch import LaunchActivities, stop_member
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
+from worker_agent.launch import LaunchActivities, stop_member
 from worker_agent.shim import lease_clock
 
 log = logging.getLogger("fairgang.agent")

@@ -22,6 +22,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.messages import (
+        MEMBER_FENCED,
         CancelRequest,
         CheckpointInput,
         CheckpointReport,
@@ -60,8 +61,6 @@ MASTER_PORT = 29500
 #: for dead: the shim's poll interval, the timer's and the node's clocks running apart, the reaping, and a
 #: container CLI's own time to kill and remove a container (a second or two, more on a loaded node).
 FENCE_MARGIN_S = 5.0
-#: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
-MEMBER_FENCED = "MemberFenced"
 FENCE_PATCH = "fence-unconfirmed-members"
 #: Stopping a gang sends each running member's node a `stop` activity as well as cancelling its launch.
 STOP_PATCH = "stop-members-directly"

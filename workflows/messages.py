@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
+MEMBER_FENCED = "MemberFenced"
+
 
 @dataclass
 class JobInput:

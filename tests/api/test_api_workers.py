@@ -40,7 +40,7 @@ def test_api_workers_share_the_port(tmp_path: Path) -> None:
     port = _free_port()
     env = {**os.environ, "FAIRGANG_DATABASE_URL": url, "FAIRGANG_TEMPORAL_ADDRESS": "127.0.0.1:1", "FAIRGANG_LOG_DIR": str(tmp_path)}
     env.pop("DATABASE_URL", None)
-    cmd = [sys.executable, "-m", "fairgang.cli", "api", "--port", str(port), "--workers", "2"]
+    cmd = [sys.executable, "-m", "cli", "api", "--port", str(port), "--workers", "2"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 90

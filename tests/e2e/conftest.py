@@ -95,7 +95,7 @@ class Platform:
             }
         )
         env.update(self.extra_env)
-        argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]
+        argv = [sys.executable, "-m", "cli", "dev", "--config", str(self.config_path), "--data-dir", str(self.data_dir)]
         argv += ["--api-port", str(self.api_port), "--temporal-port", str(self.temporal_port), "--ui-port", str(self.ui_port)]
         log = self.data_dir / "dev.log"
         offset = log.stat().st_size if log.exists() else 0

@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.launch import pid_alive
 from fairgang.cluster import load_cluster_config
 from fairgang.spec import load_spec_text
 from fairgang.sweeps import load_sweep_text
 from tests.conftest import drop_pg_database
 from tests.e2e.conftest import REPO, _database_for, free_port
+from worker_agent.launch import pid_alive
 
 pytestmark = pytest.mark.e2e
 CLUSTER = REPO / "examples" / "cluster.yaml"
@@ -55,7 +55,7 @@ def test_make_demo_runs_the_example_jobs_and_sweep_to_the_end_and_ctrl_c_stops_i
     # The Makefile's `demo` command, on free ports and a temporary data dir; run from the repository root as
     # `make demo` is (the demo reads examples/ from there). Its own session, so that Ctrl-C goes to it as a
     # terminal sends it: to the foreground process group.
-    argv = [sys.executable, "-m", "fairgang.cli", "dev", "--config", "examples/cluster.yaml", "--data-dir", str(tmp_path), "--demo"]
+    argv = [sys.executable, "-m", "cli", "dev", "--config", "examples/cluster.yaml", "--data-dir", str(tmp_path), "--demo"]
     argv += ["--api-port", str(api_port), "--temporal-port", str(temporal_port), "--ui-port", str(ui_port)]
     log = tmp_path / "demo.log"
     with open(log, "wb") as out:

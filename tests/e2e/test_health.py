@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 def cli(platform: Platform, *args: str, token: str = "admin-token") -> str:
     env = {"FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": token, "COLUMNS": "250", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from activities.launch import pid_alive
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
+from worker_agent.launch import pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -211,7 +211,7 @@ def test_preempt_by_the_cli_stops_the_whole_group_and_kills_only_after_the_grace
     job = platform.submit(job_spec("ignores-term", code, grace_period=f"{grace:.0f}s"))
     parent, kid = int(wait_for_file(tmp_path / "parent.pid")), int(wait_for_file(tmp_path / "child.pid"))
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
-    cli = [sys.executable, "-m", "fairgang.cli", "preempt", job["id"], "--reason", "by the fairgang cli"]
+    cli = [sys.executable, "-m", "cli", "preempt", job["id"], "--reason", "by the fairgang cli"]
     out = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     wait_for_file(tmp_path / "child.term", timeout=30)  # the SIGTERM reached the whole group ...

@@ -123,7 +123,7 @@ def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
     submitted = cli("submit", str(spec_file), "--wait", "-o", "json")
     assert submitted.returncode == 0, submitted.stderr
@@ -144,7 +144,7 @@ def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None
 
 def _cli(platform: Platform, *args: str, token: str = "alpha-token") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": token}
-    return subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:

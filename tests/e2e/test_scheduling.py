@@ -51,9 +51,7 @@ def live_gpu_rows(platform: Platform) -> list[tuple[str, int]]:
 
 def test_two_schedulers_only_the_leader_commits_and_the_other_takes_over(platform: Platform, tmp_path: Path) -> None:
     log = open(tmp_path / "second-scheduler.log", "ab")  # noqa: SIM115 - closed at the end
-    second = subprocess.Popen(
-        [sys.executable, "-m", "fairgang.cli", "scheduler"], cwd=REPO, env=platform.part_env(), stdout=log, stderr=log
-    )
+    second = subprocess.Popen([sys.executable, "-m", "cli", "scheduler"], cwd=REPO, env=platform.part_env(), stdout=log, stderr=log)
     hold = platform.data_dir / "hold" / "scheduler"
     try:
         first = platform.wait_for(platform.submit(job_spec("before-failover", "print(1)"))["id"], TERMINAL)

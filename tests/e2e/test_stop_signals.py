@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from activities.launch import pid_alive
 from tests.e2e.conftest import Platform, job_spec
+from worker_agent.launch import pid_alive
 
 pytestmark = pytest.mark.e2e
 

@@ -295,7 +295,7 @@ def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Plat
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fairgang.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
     spec_file = tmp_path / "sweep.json"
     spec_file.write_text(
@@ -472,7 +472,7 @@ def test_a_failing_trial_is_counted_and_fails_sweep_submit_wait(platform: Platfo
     spec_file = tmp_path / "failing.json"
     spec_file.write_text(json.dumps(sweep_spec("one-fails", code, parameters={"list": [{"n": 0}, {"n": 1}, {"n": 2}]})))
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
-    argv = [sys.executable, "-m", "fairgang.cli", "sweep", "submit", str(spec_file), "--wait", "-o", "json"]
+    argv = [sys.executable, "-m", "cli", "sweep", "submit", str(spec_file), "--wait", "-o", "json"]
     waited = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert waited.returncode == 1 and "Traceback" not in waited.stderr, (waited.stdout, waited.stderr)
     shown = json.loads(waited.stdout)

@@ -15,8 +15,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from fairgang import temporal
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings
 from fairgang.spec import JobState
 from scheduler import service as service_module
@@ -25,6 +24,7 @@ from store import repo
 from store.db import Database
 from store.models import Job
 from tests.builders import job_spec
+from workflows import starter
 
 
 @pytest.fixture(scope="session")
@@ -168,7 +168,7 @@ async def test_reconciler_starts_a_missing_workflow_once_and_a_repeated_start_is
     # The next cycle leaves it alone.
     assert (await service.cycle(now=now + 20)).started_workflows == 0
     # A repeated start (the API and the reconciler racing, or the API retrying) returns the same run.
-    again = await temporal.start_job_workflow(client, stored, settings)
+    again = await starter.start_job_workflow(client, stored, settings)
     assert again.result_run_id == run_id
     # Even when the store forgot that it started (the API died after starting it), the reconciler's repeat is harmless.
     async with seeded.transaction() as session:

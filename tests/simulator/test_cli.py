@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from fairgang.cli import app
+from cli.main import app
 from simulator.fleet import load_fleet
 from simulator.workload import synthetic_workload, write_csv
 

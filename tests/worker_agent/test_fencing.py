@@ -17,10 +17,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.launch import RunningMember, pid_alive
 from fairgang.settings import Settings
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import SimulatedGpus
+from worker_agent.launch import RunningMember, pid_alive
 from workflows.job import MEMBER_FENCED
 from workflows.messages import LaunchInput
 

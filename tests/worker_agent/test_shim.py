@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.launch import RunningMember, _read_status, _term_with_agent, pid_alive, shim_argv, stop_member, stop_process_group
+from worker_agent.launch import RunningMember, _read_status, _term_with_agent, pid_alive, shim_argv, stop_member, stop_process_group
 from worker_agent.shim import lease_clock
 
 #: A member that ignores SIGTERM and has a child that exits on SIGTERM (writing a marker first).

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.launch import LaunchActivities, pid_alive
+from worker_agent.launch import LaunchActivities, pid_alive
 from workflows.messages import LaunchInput, LaunchResult, StopInput
 
 #: A member that records each SIGTERM's wall time (one line each) in argv[1]/term, ignores it, and records

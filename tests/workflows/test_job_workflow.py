@@ -18,13 +18,13 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.store import StoreActivities
-from fairgang import temporal
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
 from store import repo
 from store.db import Database
 from tests.builders import job_spec
+from workflows import starter
 from workflows.job import FENCE_MARGIN_S, TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement, PlacementMember
 
@@ -66,7 +66,7 @@ Handle = WorkflowHandle[TrainingJobWorkflow, JobOutcome]
 
 async def _start(client: Client, db: Database, settings: Settings, name: str) -> tuple[str, Handle]:
     job, _ = await repo.create_job(db, spec=job_spec(name=name, max_runtime="3h", grace_period="1s"), tenant="alpha")
-    handle = await temporal.start_job_workflow(client, job, settings)
+    handle = await starter.start_job_workflow(client, job, settings)
     return job.id, handle
 
 
@@ -104,7 +104,7 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
             assert report.bound == 1
             [alloc] = await repo.job_allocations(store, job_id)
             for _ in range(2):
-                await temporal.signal_placement(env.client, job_id=job_id, allocation_id=alloc.id, attempt=1, members=alloc.members)
+                await starter.signal_placement(env.client, job_id=job_id, allocation_id=alloc.id, attempt=1, members=alloc.members)
 
             async def running() -> bool:
                 return (await handle.query("status", result_type=JobStatus)).state == "RUNNING"

@@ -24,15 +24,15 @@ from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.launch import LaunchActivities, pid_alive
 from activities.store import StoreActivities
-from fairgang import temporal
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
 from store import repo
 from store.db import Database
 from tests.builders import job_spec
+from worker_agent.launch import LaunchActivities, pid_alive
+from workflows import starter
 from workflows.job import TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus
 
@@ -103,7 +103,7 @@ class Harness:
             checkpoint_dir=f"/ckpt/alpha/{name}", env=env,
         )  # fmt: skip
         job, _ = await repo.create_job(self.db, spec=spec, tenant="alpha")
-        handle = await temporal.start_job_workflow(self.client, job, self.settings)
+        handle = await starter.start_job_workflow(self.client, job, self.settings)
         deadline = asyncio.get_running_loop().time() + BOUND_S
         while True:
             await self.service.cycle()
@@ -139,7 +139,7 @@ def assert_stopped_after_a_whole_grace(d: Path) -> float:
 
 async def test_cancel_reaches_the_member_without_a_heartbeat_and_the_grace_counts_from_the_sigterm(harness: Harness) -> None:
     job_id, handle, d = await harness.running_job("cancel-me")
-    await temporal.signal_cancel(harness.client, job_id=job_id, reason="by the test")
+    await starter.signal_cancel(harness.client, job_id=job_id, reason="by the test")
     outcome: JobOutcome = await asyncio.wait_for(handle.result(), BOUND_S)
     assert outcome.state == "CANCELLED" and outcome.reason == "by the test", outcome
     term = assert_stopped_after_a_whole_grace(d / "r0")
@@ -150,7 +150,7 @@ async def test_cancel_reaches_the_member_without_a_heartbeat_and_the_grace_count
 
 async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after_the_grace(harness: Harness) -> None:
     job_id, handle, d = await harness.running_job("preempt-me")
-    answer = await temporal.preempt(harness.client, job_id=job_id, reason="by the test")
+    answer = await starter.preempt(harness.client, job_id=job_id, reason="by the test")
     assert answer.accepted
     deadline = asyncio.get_running_loop().time() + BOUND_S
     while (job := await repo.get_job(harness.db, job_id)) is None or job.attempt < 2:
@@ -161,7 +161,7 @@ async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after
     requeued = next(e for e in events if e.kind == "REQUEUED")
     assert requeued.message == "preempted: by the test" and requeued.ts >= term + GRACE_S - LAG_S
     # Attempt 2 waits in the queue (no placement cycle runs now): a cancel ends it.
-    await temporal.signal_cancel(harness.client, job_id=job_id, reason="done")
+    await starter.signal_cancel(harness.client, job_id=job_id, reason="done")
     assert (await asyncio.wait_for(handle.result(), BOUND_S)).state == "CANCELLED"
 
 

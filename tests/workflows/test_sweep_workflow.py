@@ -28,7 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 import workflows.sweep
-from fairgang.dev import temporal_binary
+from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES
 from tests.builders import max_overlap
 from workflows.messages import CancelRequest, JobInput, JobOutcome

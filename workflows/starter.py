@@ -1,4 +1,4 @@
-"""Temporal client helpers shared by the API, the placement service and the CLI."""
+"""Starting and signalling job workflows: the Temporal client helpers of the API, the placement service, the sweeps and the CLI."""
 
 from __future__ import annotations
 

@@ -11,12 +11,12 @@ import typer
 import yaml
 from rich.table import Table
 
-from fairgang.clikit import ApiUrl, Output, Token, console, err_console
-from fairgang.clikit import check as _check
-from fairgang.clikit import client as _client
-from fairgang.clikit import emit as _emit
-from fairgang.clikit import fail as _fail
-from fairgang.clikit import ts as _ts
+from cli.kit import ApiUrl, Output, Token, console, err_console
+from cli.kit import check as _check
+from cli.kit import client as _client
+from cli.kit import emit as _emit
+from cli.kit import fail as _fail
+from cli.kit import ts as _ts
 from fairgang.durations import parse_duration
 from fairgang.spec import SpecError
 from fairgang.sweeps import load_schedule_text, load_sweep_text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import time
 from typing import Any
@@ -57,3 +59,9 @@ def emit(data: Any, output: str, table: Any) -> None:
         table(data)
     else:
         fail(f"--output: '{output}' is not one of table, json")
+
+
+def setup_logging() -> None:
+    """The long-running processes' log format; FAIRGANG_LOG_LEVEL sets the level."""
+    logging.basicConfig(level=os.environ.get("FAIRGANG_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,1 @@
+"""The command line: ``fairgang`` (cli.main), above every other package."""

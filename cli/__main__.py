@@ -1,0 +1,5 @@
+"""``python -m cli``: the ``fairgang`` command."""
+
+from cli.main import main
+
+main()
