@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants
 from api.deps import AppState, State
+from api.limits import BodySizeLimit
 from api.views import ViewUnavailable
 from fairgang import __version__
 from fairgang.settings import Settings
@@ -34,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await db.dispose()
 
     app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(fleet.router)
     app.include_router(sweeps.router)

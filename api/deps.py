@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
+from api.limits import AuthThrottle
 from api.views import ViewCache
 from fairgang.settings import Settings
 from store import repo
@@ -32,9 +33,12 @@ class AppState:
     _retry_at: float = 0.0
     #: The heavy views of this process (fleet, tenants, queue, metrics), computed by its view worker process.
     views: ViewCache = field(init=False)
+    #: Refused bearer tokens per client address (api/limits.py).
+    auth_throttle: AuthThrottle = field(init=False)
 
     def __post_init__(self) -> None:
         self.views = ViewCache(self.settings, self.db.url)
+        self.auth_throttle = AuthThrottle(self.settings.auth_failures_per_minute)
 
     async def temporal(self) -> Client | None:
         """The Temporal client, connected on first use; None while Temporal is unreachable.
@@ -69,11 +73,18 @@ State = Annotated[AppState, Depends(app_state)]
 _bearer = HTTPBearer(auto_error=False)
 
 
-async def principal(state: State, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> repo.Principal:
+async def principal(
+    request: Request, state: State, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> repo.Principal:
+    client = request.client.host if request.client else "unknown"
+    wait = state.auth_throttle.retry_after(client)
+    if wait is not None:
+        raise HTTPException(429, f"too many refused tokens from {client}: try again in {wait} s", headers={"Retry-After": str(wait)})
     if creds is None or not creds.credentials:
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     who = await repo.authenticate(state.db, creds.credentials)
     if who is None:
+        state.auth_throttle.failed(client)
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
     return who
 

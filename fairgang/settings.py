@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     api_url: str = "http://127.0.0.1:8080"
     #: How long the CLI waits for an API answer.
     cli_timeout_s: float = 30.0
+    #: The API answers 413 to a request body over this many bytes, before reading it or authenticating.
+    api_max_body_bytes: int = 256 * 1024
+    #: A client whose bearer tokens were refused this many times in a minute gets 429 (0: no limit).
+    auth_failures_per_minute: int = 30
     #: Shared directory for per-attempt job logs (a shared filesystem in production).
     log_dir: Path = Path("fairgang-logs")
     #: Launch activities heartbeat; a member silent this long is treated as lost.
