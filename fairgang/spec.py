@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from fairgang.durations import parse_duration
 
@@ -22,7 +22,8 @@ PRIORITY_CLASSES: dict[str, int] = {"low": 0, "normal": 100, "high": 200, "urgen
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Variables the platform sets for every job; a spec may not override them.
+#: Variables the platform sets for every job, or that steer the loader, the GPUs or the rendezvous; a
+#: spec may not set them.
 RESERVED_ENV = frozenset(
     {
         "FAIRGANG_JOB_ID",
@@ -31,13 +32,59 @@ RESERVED_ENV = frozenset(
         "RESUME_FROM",
         "WORLD_SIZE",
         "RANK",
+        "LOCAL_RANK",
         "NODE_RANK",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
         "LOCAL_WORLD_SIZE",
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
     }
 )
+#: Prefixes of reserved variables (the platform's own, NVIDIA's container hooks, the dynamic loader's, torchrun's).
+RESERVED_ENV_PREFIXES = ("FAIRGANG_", "NVIDIA_", "LD_", "TORCHELASTIC_")
+#: Labels under this prefix are the platform's (a sweep's trials carry ``fairgang.sweep``, ``fairgang.trial``).
+RESERVED_LABEL_PREFIX = "fairgang."
+#: Caps on what a spec carries to a process, a path or a log name.
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 128 * 1024
+MAX_ARGS = 4096
+MAX_ARG_BYTES = 32 * 1024
+MAX_ARGV_BYTES = 128 * 1024
+MAX_LABELS = 64
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 256
+#: Validation context of a spec the platform itself built (a sweep's trial) or stored: platform names allowed.
+PLATFORM = {"platform": True}
+#: C0 control characters and DEL; argv and env values may keep tab, newline and carriage return.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def reserved_env(key: str) -> bool:
+    """Is this variable the platform's (a spec may not set it)?"""
+    return key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES)
+
+
+def _no_control(value: str, what: str, *, text: bool = False) -> str:
+    """Refuse NUL and other control characters (``text``: tab, newline and CR allowed)."""
+    found = (_CONTROL_IN_TEXT if text else _CONTROL).search(value)
+    if found:
+        raise ValueError(f"{what} holds a control character ({found.group()!r} at offset {found.start()})")
+    return value
+
+
+def _size(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def _from_platform(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("platform"))
+
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -106,26 +153,64 @@ class JobSpec(BaseModel):
             raise ValueError("must be 1-64 lower-case letters, digits, '.', '_' or '-', starting and ending alphanumeric")
         return value
 
+    @field_validator("tenant", "image", "idempotency_key")
+    @classmethod
+    def _plain(cls, value: str | None) -> str | None:
+        return None if value is None else _no_control(value, "the value")
+
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, value: list[str]) -> list[str]:
         if not value[0].strip():
             raise ValueError("the program (first element) must not be empty")
+        if len(value) > MAX_ARGS:
+            raise ValueError(f"{len(value)} arguments: at most {MAX_ARGS}")
+        for i, arg in enumerate(value):
+            _no_control(arg, f"argument {i}", text=i > 0)
+            if _size(arg) > MAX_ARG_BYTES:
+                raise ValueError(f"argument {i} is {_size(arg)} bytes: at most {MAX_ARG_BYTES}")
+        if sum(map(_size, value)) > MAX_ARGV_BYTES:
+            raise ValueError(f"the arguments come to {sum(map(_size, value))} bytes: at most {MAX_ARGV_BYTES}")
         return value
 
     @field_validator("env")
     @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not _ENV_KEY.match(key):
-                raise ValueError(f"'{key}' is not a valid environment variable name")
-            if key in RESERVED_ENV:
-                raise ValueError(f"'{key}' is set by the platform and cannot be overridden")
+    def _env(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if len(value) > MAX_ENV_VARS:
+            raise ValueError(f"{len(value)} variables: at most {MAX_ENV_VARS}")
+        for key, item in value.items():
+            if not _ENV_KEY.match(key) or len(key) > 128:
+                raise ValueError(f"{key[:64]!r} is not a valid environment variable name (letters, digits, '_'; at most 128)")
+            if key in RESERVED_ENV or (reserved_env(key) and not _from_platform(info)):
+                raise ValueError(f"'{key}' is reserved: it is set by the platform and cannot be set by a spec")
+            _no_control(item, f"the value of {key}", text=True)
+            if _size(item) > MAX_ENV_VALUE_BYTES:
+                raise ValueError(f"the value of {key} is {_size(item)} bytes: at most {MAX_ENV_VALUE_BYTES}")
+        total = sum(_size(k) + _size(v) for k, v in value.items())
+        if total > MAX_ENV_BYTES:
+            raise ValueError(f"the environment comes to {total} bytes: at most {MAX_ENV_BYTES}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if len(value) > MAX_LABELS:
+            raise ValueError(f"{len(value)} labels: at most {MAX_LABELS}")
+        for key, item in value.items():
+            if not key or len(key) > MAX_LABEL_KEY:
+                raise ValueError(f"label {key[:64]!r}: a key is 1-{MAX_LABEL_KEY} characters")
+            _no_control(key, f"label {key[:64]!r}")
+            _no_control(item, f"the value of label {key}")
+            if len(item) > MAX_LABEL_VALUE:
+                raise ValueError(f"the value of label {key} is {len(item)} characters: at most {MAX_LABEL_VALUE}")
+            if key.startswith(RESERVED_LABEL_PREFIX) and not _from_platform(info):
+                raise ValueError(f"label '{key}': labels under '{RESERVED_LABEL_PREFIX}' are the platform's")
         return value
 
     @field_validator("checkpoint_dir")
     @classmethod
     def _checkpoint_dir(cls, value: str) -> str:
+        _no_control(value, "the path")
         if not value.startswith("/"):
             raise ValueError("must be an absolute path")
         if ".." in value.split("/"):
@@ -180,8 +265,8 @@ def problems_from_validation(err: ValidationError, prefix: str = "") -> list[Spe
     return out
 
 
-def parse_spec(data: Any) -> JobSpec:
-    """Validate a decoded document as a job spec.
+def parse_spec(data: Any, *, platform: bool = False) -> JobSpec:
+    """Validate a decoded document as a job spec (``platform``: one the platform built, see PLATFORM).
 
     Raises:
         SpecError: naming each bad field.
@@ -189,7 +274,7 @@ def parse_spec(data: Any) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError([SpecProblem(field="(spec)", reason="must be a mapping of fields")])
     try:
-        return JobSpec.model_validate(data)
+        return JobSpec.model_validate(data, context=PLATFORM if platform else None)
     except ValidationError as err:
         raise SpecError(problems_from_validation(err)) from None
 

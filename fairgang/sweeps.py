@@ -19,7 +19,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairgang.durations import parse_duration
-from fairgang.spec import JobSpec, SpecError, SpecProblem, load_document, parse_spec, problems_from_validation
+from fairgang.spec import (
+    RESERVED_LABEL_PREFIX,
+    JobSpec,
+    SpecError,
+    SpecProblem,
+    load_document,
+    parse_spec,
+    problems_from_validation,
+    reserved_env,
+)
 
 #: More trials than this in one sweep is almost surely a mistake (and a lot of jobs).
 MAX_TRIALS = 10_000
@@ -221,7 +230,7 @@ def render_template(
 
 def parse_spec_prefixed(doc: dict[str, Any]) -> JobSpec:
     try:
-        return parse_spec(doc)
+        return parse_spec(doc, platform=True)
     except SpecError as err:
         raise SpecError([SpecProblem(field=f"template.{p.field}", reason=p.reason) for p in err.problems]) from None
 
@@ -253,6 +262,22 @@ def _placeholder_problems(spec: SweepSpec) -> list[SpecProblem]:
     return problems
 
 
+def _reserved_problems(spec: SweepSpec) -> list[SpecProblem]:
+    """The template's own env and labels may not use the platform's names (its trials get some of them)."""
+    problems = []
+    env, labels = spec.template.get("env"), spec.template.get("labels")
+    for key in env if isinstance(env, dict) else ():
+        if isinstance(key, str) and reserved_env(key):
+            reason = f"'{key}' is reserved: it is set by the platform and cannot be set by a spec"
+            problems.append(SpecProblem(field=f"template.env.{key}", reason=reason))
+    for key in labels if isinstance(labels, dict) else ():
+        if isinstance(key, str) and key.startswith(RESERVED_LABEL_PREFIX):
+            problems.append(
+                SpecProblem(field=f"template.labels.{key}", reason=f"labels under '{RESERVED_LABEL_PREFIX}' are the platform's")
+            )
+    return problems
+
+
 def parse_sweep(data: Any) -> SweepSpec:
     """Validate a decoded document as a sweep spec, including every trial's job spec.
 
@@ -271,6 +296,7 @@ def parse_sweep(data: Any) -> SweepSpec:
         if key in spec.template
     ]
     problems += _placeholder_problems(spec)
+    problems += _reserved_problems(spec)
     if problems:
         raise SpecError(problems)
     seen: set[tuple[str, str]] = set()
