@@ -69,9 +69,12 @@ def test_the_platform_may_set_its_own_names_on_specs_it_builds_but_never_the_per
 
 def test_a_sweep_template_may_not_use_reserved_names_and_its_trials_still_get_theirs() -> None:
     template = {k: v for k, v in spec_dict().items() if k not in ("name",)}
-    doc = {"name": "s", "template": template | {"env": {"FAIRGANG_TRIAL": "9", "LD_AUDIT": "x"}, "labels": {"fairgang.sweep": "x"}}}
-    doc["parameters"] = {"grid": {"lr": [1, 2]}}
-    doc["template"]["entrypoint"] = ["python3", "--lr={{lr}}"]
+    bad = template | {
+        "entrypoint": ["python3", "--lr={{lr}}"],
+        "env": {"FAIRGANG_TRIAL": "9", "LD_AUDIT": "x"},
+        "labels": {"fairgang.sweep": "x"},
+    }
+    doc: dict[str, Any] = {"name": "s", "template": bad, "parameters": {"grid": {"lr": [1, 2]}}}
     with pytest.raises(SpecError) as err:
         parse_sweep(doc)
     fields = {p.field for p in err.value.problems}
