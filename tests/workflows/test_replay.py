@@ -3,7 +3,11 @@
 
 ``histories/``: a cancel of a running job, and a preemption of a running 2-member gang followed by a cancel
 of its next attempt, each recorded with the workflow from before the `stop` activity (the stop reached the
-members only with the launch's heartbeat) and with the workflow that sends it.
+members only with the launch's heartbeat) and with the workflow that sends it; and ``before-checkpoint-order-*``,
+recorded by ``record_histories.py`` (which says how) with the workflow from before checkpoints were ordered: a job
+that succeeds, fails, fails to start, times out, is cancelled (running, queued, and through Temporal), checkpoints
+twice, is preempted and resumed from its checkpoint, loses a node, fails and is retried, and whose member's end
+is unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced.
 """
 
 from __future__ import annotations
@@ -31,4 +35,11 @@ async def test_recorded_history_replays(path: Path) -> None:
 def test_every_kind_of_history_is_there() -> None:
     assert {p.stem for p in HISTORIES} >= {
         "before-stop-activity-cancel", "before-stop-activity-preempt", "with-stop-activity-cancel", "with-stop-activity-preempt",
+    }  # fmt: skip
+    assert {p.stem for p in HISTORIES} >= {
+        f"before-checkpoint-order-{name}"
+        for name in (
+            "succeeded", "failed", "start-failed", "timed-out", "cancelled", "cancelled-queued", "cancelled-through-temporal",
+            "checkpoints", "preempted-resumed", "node-lost", "failed-retried", "member-error-fenced", "heartbeat-lost-fenced",
+        )
     }  # fmt: skip
