@@ -30,7 +30,7 @@ import io
 import itertools
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -413,7 +413,3 @@ def size_class(gpus: int) -> str:
 
 
 SIZE_CLASSES = ("1", "2-8", "9-32", "33+")
-
-
-def tenants_of(jobs: Iterable[SimJob]) -> list[str]:
-    return sorted({j.tenant for j in jobs})

@@ -36,11 +36,6 @@ def hold_allows(hold: Hold | None, job_id: str, gpus: int, job_end: Respect) -> 
     return job_end <= hold.start_at or gpus <= hold.spare
 
 
-def is_gang(pool: Pool, job: PendingJob) -> bool:
-    """More GPUs than the largest node of the type has: whole nodes."""
-    return job.gpu_count > pool.max_size
-
-
 def level_index(upper: tuple[str, ...], level: str) -> int | None:
     """Index of ``level`` among the levels above "node"; -1 for "node"; None when unknown."""
     if level == "node":

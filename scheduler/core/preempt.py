@@ -44,13 +44,8 @@ class Plan:
     victims: tuple[tuple[RunningJob, str], ...]
 
 
-def victim_reason(job: PendingJob, victim: RunningJob, book: QuotaBook, now: float, config: SchedulerConfig) -> str | None:
-    """Why ``victim`` may be preempted for ``job`` (ignoring borrowing, checked while planning), or None."""
-    return _Preemptor(job, book, now, config).reason(victim)
-
-
 class _Preemptor:
-    """What :func:`victim_reason` asks about the preemptor, worked out once for all its candidates."""
+    """What the victim rules ask about one preemptor, worked out once for all its candidates."""
 
     __slots__ = ("aged", "config", "job", "long_waited", "now", "within_nominal")
 
