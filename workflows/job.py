@@ -13,14 +13,20 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import StrEnum
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import CancelledError as ActivityCancelledError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
+from temporalio.types import MethodAsyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
+    from activities.store import StoreActivities
+    from fairgang.spec import JobState
+    from worker_agent.launch import LaunchActivities
     from workflows.messages import (
         MEMBER_FENCED,
         CancelRequest,
@@ -34,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         MemberStarted,
         NodeLost,
         Placement,
+        PlacementMember,
         PreemptAnswer,
         PreemptRequest,
         QueuedInput,
@@ -51,9 +58,13 @@ JOB_STATE = SearchAttributeKey.for_keyword("JobState")
 #: Store activities are short and idempotent: retry them until the store answers.
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10))
 
+Arg = TypeVar("Arg")
+Result = TypeVar("Result")
 
-async def _store(activity: str, arg: object) -> object:
-    return await workflow.execute_activity(activity, arg, start_to_close_timeout=timedelta(seconds=30), retry_policy=STORE_RETRY)
+
+async def _store(activity: MethodAsyncSingleParam[StoreActivities, Arg, Result], arg: Arg) -> Result:
+    """Run a store activity (by its method: its registered name, its result type) on the control queue."""
+    return await workflow.execute_activity_method(activity, arg, start_to_close_timeout=timedelta(seconds=30), retry_policy=STORE_RETRY)
 
 
 MASTER_PORT = 29500
@@ -75,11 +86,24 @@ def _record_outcome(results: dict[int, LaunchResult | BaseException], rank: int,
         results[rank] = handle.exception() or handle.result()
 
 
+class GangOutcome(StrEnum):
+    """How one attempt's gang ended, as the workflow judged it."""
+
+    SUCCEEDED = "succeeded"
+    #: The job's own failure: a member exited non-zero or could not start (counts against the spec's retries).
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    PREEMPTED = "preempted"
+    #: Infrastructure: a node lost, a member that stopped heartbeating or was never picked up, an agent's error.
+    LOST = "lost"
+
+
 @dataclass
 class GangResult:
     """How one attempt's gang ended."""
 
-    kind: str  # "succeeded", "failed", "cancelled", "timed_out", "preempted", "lost"
+    kind: GangOutcome
     exit_code: int | None = None
     reason: str = ""
     #: Ranks whose end no agent confirmed (heartbeat timeout, an agent's error): they may still run.
@@ -101,11 +125,35 @@ def confirmed_end(result: LaunchResult | BaseException) -> bool:
     return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
+def launch_input(job: JobInput, placement: Placement, member: PlacementMember, *, attempt: int, resume_from: str) -> LaunchInput:
+    """The launch activity's input for one member of the placement: the job's process, its rank in the gang, its GPUs,
+    the rendezvous (rank 0's node) and the checkpoint the attempt resumes from."""
+    first = min(placement.members, key=lambda m: m.rank)
+    return LaunchInput(
+        job_id=job.job_id,
+        attempt=attempt,
+        allocation_id=placement.allocation_id,
+        node_id=member.node_id,
+        rank=member.rank,
+        world_size=len(placement.members),
+        gpu_indices=list(member.gpu_indices),
+        gpus_per_member=len(first.gpu_indices),
+        argv=list(job.argv),
+        env=dict(job.env),
+        checkpoint_dir=job.checkpoint_dir,
+        grace_period_s=job.grace_period_s,
+        master_addr=first.node_id,
+        master_port=MASTER_PORT,
+        resume_from=resume_from,
+        image=job.image,
+    )
+
+
 @dataclass
 class WorkflowState:
     """All of the workflow's state, in one place."""
 
-    state: str = "QUEUED"
+    state: JobState = JobState.QUEUED
     attempt: int = 1
     placement: Placement | None = None
     cancel: CancelRequest | None = None
@@ -132,7 +180,7 @@ class TrainingJobWorkflow:
     @workflow.signal
     def place(self, placement: Placement) -> None:
         """Placement from the scheduler; duplicates and stale attempts are dropped."""
-        if placement.attempt != self.s.attempt or self.s.state != "QUEUED" or self.s.placement is not None:
+        if placement.attempt != self.s.attempt or self.s.state != JobState.QUEUED or self.s.placement is not None:
             return
         self.s.placement = placement
 
@@ -149,7 +197,7 @@ class TrainingJobWorkflow:
 
     @preempt_update.validator
     def _validate_preempt(self, request: PreemptRequest) -> None:
-        if self.s.placement is None or self.s.state not in ("LAUNCHING", "RUNNING"):
+        if self.s.placement is None or self.s.state not in (JobState.LAUNCHING, JobState.RUNNING):
             raise ValueError(f"job is {self.s.state}: only a launching or running job can be preempted")
         if self.s.preempt is not None:
             raise ValueError("a preemption of this attempt is already under way")
@@ -157,7 +205,7 @@ class TrainingJobWorkflow:
     @workflow.signal(name="preempt")
     def preempt_signal(self, request: PreemptRequest) -> None:
         """Preempt without an answer (signals work even while no worker runs)."""
-        if self.s.placement is not None and self.s.state in ("LAUNCHING", "RUNNING") and self.s.preempt is None:
+        if self.s.placement is not None and self.s.state in (JobState.LAUNCHING, JobState.RUNNING) and self.s.preempt is None:
             self.s.preempt = request
 
     @workflow.signal
@@ -172,7 +220,7 @@ class TrainingJobWorkflow:
             return
         self.s.latest_checkpoint = report.path
         assert self.job is not None
-        await _store("record_checkpoint", CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path))
+        await _store(StoreActivities.record_checkpoint, CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path))
 
     @workflow.signal
     def member_started(self, started: MemberStarted) -> None:
@@ -200,21 +248,21 @@ class TrainingJobWorkflow:
             outcome = await self._lifecycle(job)
         except asyncio.CancelledError:
             # Cancelled from Temporal itself (UI or CLI): end the same way as a cancel signal.
-            outcome = await self._finish("CANCELLED", None, "workflow cancelled", "cancel")
+            outcome = await self._finish(JobState.CANCELLED, None, "workflow cancelled", "cancel")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return outcome
 
     async def _lifecycle(self, job: JobInput) -> JobOutcome:
         while True:
-            await self._set_state("QUEUED")
-            await _store("mark_queued", QueuedInput(job_id=job.job_id, attempt=self.s.attempt))
+            await self._set_state(JobState.QUEUED)
+            await _store(StoreActivities.mark_queued, QueuedInput(job_id=job.job_id, attempt=self.s.attempt))
             await self._wait(lambda: self.s.placement is not None or self.s.cancel is not None)
             if self.s.cancel is not None:
-                return await self._finish("CANCELLED", None, self.s.cancel.reason, "cancel")
+                return await self._finish(JobState.CANCELLED, None, self.s.cancel.reason, "cancel")
             placement = self.s.placement
             assert placement is not None
             try:
-                await self._transition("LAUNCHING", f"launching-{self.s.attempt}", "launching", placement.allocation_id)
+                await self._transition(JobState.LAUNCHING, f"launching-{self.s.attempt}", "launching", placement.allocation_id)
             except ActivityError as err:
                 if isinstance(err.cause, ApplicationError) and err.cause.type == "StalePlacement":
                     workflow.logger.warning("dropping placement %s: %s", placement.allocation_id, err.cause)
@@ -226,26 +274,27 @@ class TrainingJobWorkflow:
             fence_rule = workflow.patched(FENCE_PATCH)
             if fence_rule and result.unconfirmed:
                 await self._fence(job, placement, result)
-            if result.kind == "succeeded":
-                return await self._finish("SUCCEEDED", 0, "all members exited 0", "end")
-            if result.kind == "cancelled":
-                return await self._finish("CANCELLED", result.exit_code, self.s.cancel.reason if self.s.cancel else "cancelled", "cancel")
-            if result.kind == "timed_out":
-                return await self._finish("TIMED_OUT", result.exit_code, result.reason, "end")
-            if result.kind == "preempted":
+            if result.kind == GangOutcome.SUCCEEDED:
+                return await self._finish(JobState.SUCCEEDED, 0, "all members exited 0", "end")
+            if result.kind == GangOutcome.CANCELLED:
+                reason = self.s.cancel.reason if self.s.cancel else "cancelled"
+                return await self._finish(JobState.CANCELLED, result.exit_code, reason, "cancel")
+            if result.kind == GangOutcome.TIMED_OUT:
+                return await self._finish(JobState.TIMED_OUT, result.exit_code, result.reason, "end")
+            if result.kind == GangOutcome.PREEMPTED:
                 await self._requeue(result.reason)
                 continue
-            if result.kind == "failed":
+            if result.kind == GangOutcome.FAILED:
                 self.s.own_failures += 1
                 if self.s.own_failures > job.retries:
-                    return await self._finish("FAILED", result.exit_code, result.reason, "end")
+                    return await self._finish(JobState.FAILED, result.exit_code, result.reason, "end")
                 await self._requeue(f"job failed ({result.reason}); retry {self.s.own_failures} of {job.retries}")
                 continue
             # Lost: infrastructure, not the job's fault. Back off, then queue again.
             self.s.infra_failures += 1
             if self.s.infra_failures > job.infra_retry_limit:
                 return await self._finish(
-                    "FAILED", None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
+                    JobState.FAILED, None, f"gave up after {self.s.infra_failures} infrastructure failures: {result.reason}", "end"
                 )
             # Every member's end is confirmed by now: by its agent, or by the fence wait above.
             backoff = job.infra_retry_backoff_s * 2 ** (self.s.infra_failures - 1)
@@ -264,37 +313,20 @@ class TrainingJobWorkflow:
         """
         ranks = ", ".join(map(str, result.unconfirmed))
         reason = f"member(s) {ranks} ended unconfirmed ({result.reason}): waiting until they are surely dead"
-        await _store("revoke_allocation", RevokeInput(job_id=job.job_id, allocation_id=placement.allocation_id, reason=reason))
+        revoke = RevokeInput(job_id=job.job_id, allocation_id=placement.allocation_id, reason=reason)
+        await _store(StoreActivities.revoke_allocation, revoke)
         await workflow.sleep(job.self_fence_after_s + job.grace_period_s + FENCE_MARGIN_S)
 
     async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
         """Launch one activity per member, watch them, stop all if one fails."""
         members = sorted(placement.members, key=lambda m: m.rank)
         world = len(members)
-        per_member = len(members[0].gpu_indices)
         results: dict[int, LaunchResult | BaseException] = {}
         handles = []
         for member in members:
-            launch = LaunchInput(
-                job_id=job.job_id,
-                attempt=self.s.attempt,
-                allocation_id=placement.allocation_id,
-                node_id=member.node_id,
-                rank=member.rank,
-                world_size=world,
-                gpu_indices=list(member.gpu_indices),
-                gpus_per_member=per_member,
-                argv=list(job.argv),
-                env=dict(job.env),
-                checkpoint_dir=job.checkpoint_dir,
-                grace_period_s=job.grace_period_s,
-                master_addr=members[0].node_id,
-                master_port=MASTER_PORT,
-                resume_from=self.s.latest_checkpoint,
-                image=job.image,
-            )
-            handle = workflow.start_activity(
-                "launch",
+            launch = launch_input(job, placement, member, attempt=self.s.attempt, resume_from=self.s.latest_checkpoint)
+            handle = workflow.start_activity_method(
+                LaunchActivities.launch,
                 launch,
                 task_queue=f"node-{member.node_id}",
                 start_to_close_timeout=timedelta(seconds=job.max_runtime_s + job.grace_period_s + 300),
@@ -303,7 +335,6 @@ class TrainingJobWorkflow:
                 # A retry would wait on the same (maybe dead) node's queue: the workflow re-places instead.
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                result_type=LaunchResult,
             )
             handle.add_done_callback(functools.partial(_record_outcome, results, member.rank))
             handles.append(handle)
@@ -333,7 +364,7 @@ class TrainingJobWorkflow:
                 break
             if not self.s.running_recorded and len(self.s.started_members) == world:
                 self.s.running_recorded = True
-                await self._transition("RUNNING", f"running-{self.s.attempt}", f"{world} member(s) running", placement.allocation_id)
+                await self._transition(JobState.RUNNING, f"running-{self.s.attempt}", f"{world} member(s) running", placement.allocation_id)
                 continue
             break
         stopping = len(results) < world
@@ -345,7 +376,7 @@ class TrainingJobWorkflow:
                 if not handle.done():
                     stops.append(self._stop_member(job, placement, member.node_id, member.rank, why))
         if stopping and self.s.preempt is not None and self.s.cancel is None and not timed_out:
-            await self._transition("PREEMPTING", f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
+            await self._transition(JobState.PREEMPTING, f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
         if stopping:
             for handle in handles:
                 if not handle.done():
@@ -365,14 +396,13 @@ class TrainingJobWorkflow:
         own cancellation reaches it only with a heartbeat answer, which the SDK throttles to 0.8 x the heartbeat
         timeout); the launch then waits out the grace period from that SIGTERM, SIGKILLs and ends "terminated"."""
         stop = StopInput(job_id=job.job_id, allocation_id=placement.allocation_id, attempt=self.s.attempt, rank=rank, reason=why)
-        return workflow.start_activity(
-            "stop",
+        return workflow.start_activity_method(
+            LaunchActivities.stop,
             stop,
             task_queue=f"node-{node_id}",
             # A node that does not answer in this time is handled as lost (its launch's heartbeat times out).
             schedule_to_close_timeout=timedelta(seconds=max(job.heartbeat_timeout_s, 10.0)),
             retry_policy=STOP_RETRY,
-            result_type=StopResult,
         )
 
     def _stop_reason(self, timed_out: bool) -> str:
@@ -389,35 +419,35 @@ class TrainingJobWorkflow:
     def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, stopping: bool) -> GangResult:
         """How the attempt ended. What the platform asked for comes first, then what happened."""
         if self.s.cancel is not None and stopping:
-            return GangResult("cancelled", None, "cancelled")
+            return GangResult(GangOutcome.CANCELLED, None, "cancelled")
         if timed_out:
-            return GangResult("timed_out", None, "max runtime reached")
+            return GangResult(GangOutcome.TIMED_OUT, None, "max runtime reached")
         if self.s.preempt is not None and stopping:
-            return GangResult("preempted", None, f"preempted: {self.s.preempt.reason}")
+            return GangResult(GangOutcome.PREEMPTED, None, f"preempted: {self.s.preempt.reason}")
         if self.s.lost_nodes and stopping:
-            return GangResult("lost", None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost")
+            return GangResult(GangOutcome.LOST, None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost")
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError):
                 if r.cause.type == TimeoutType.HEARTBEAT:
-                    return GangResult("lost", None, f"member {rank} lost (no heartbeat)")
+                    return GangResult(GangOutcome.LOST, None, f"member {rank} lost (no heartbeat)")
                 if r.cause.type == TimeoutType.SCHEDULE_TO_START:
-                    return GangResult("lost", None, f"member {rank} lost (its node did not pick it up)")
+                    return GangResult(GangOutcome.LOST, None, f"member {rank} lost (its node did not pick it up)")
         # The job's own failures first: the members the workflow stopped because of them are not news.
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, LaunchResult) and r.how == "start_failed":
-                return GangResult("failed", r.exit_code, f"member {rank} could not start: {r.error}")
+                return GangResult(GangOutcome.FAILED, r.exit_code, f"member {rank} could not start: {r.error}")
             if isinstance(r, LaunchResult) and r.exit_code != 0 and r.how != "terminated":
-                return GangResult("failed", r.exit_code, f"member {rank} exited with code {r.exit_code}")
+                return GangResult(GangOutcome.FAILED, r.exit_code, f"member {rank} exited with code {r.exit_code}")
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, BaseException):
                 cause = r.cause if isinstance(r, ActivityError) and r.cause is not None else r
-                return GangResult("lost", None, f"member {rank} failed: {cause}")
+                return GangResult(GangOutcome.LOST, None, f"member {rank} failed: {cause}")
         if results and all(isinstance(r, LaunchResult) and r.exit_code == 0 for r in results.values()):
-            return GangResult("succeeded", 0)
-        return GangResult("lost", None, "gang ended without a result")
+            return GangResult(GangOutcome.SUCCEEDED, 0)
+        return GangResult(GangOutcome.LOST, None, "gang ended without a result")
 
     async def _wait(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
         """wait_condition that turns a Temporal cancel of the workflow into a cancel request."""
@@ -429,14 +459,14 @@ class TrainingJobWorkflow:
 
     # ------------------------------------------------------------ store writes
 
-    async def _set_state(self, state: str) -> None:
+    async def _set_state(self, state: JobState) -> None:
         self.s.state = state
-        workflow.upsert_search_attributes([JOB_STATE.value_set(state)])
+        workflow.upsert_search_attributes([JOB_STATE.value_set(state.value)])
 
-    async def _transition(self, state: str, key: str, message: str, allocation_id: str | None = None) -> None:
+    async def _transition(self, state: JobState, key: str, message: str, allocation_id: str | None = None) -> None:
         assert self.job is not None
         await _store(
-            "record_transition",
+            StoreActivities.record_transition,
             TransitionInput(
                 job_id=self.job.job_id, attempt=self.s.attempt, state=state, event_key=key, message=message, allocation_id=allocation_id
             ),
@@ -446,19 +476,19 @@ class TrainingJobWorkflow:
     async def _requeue(self, reason: str) -> None:
         assert self.job is not None
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await _store("requeue", RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason))
+        await _store(StoreActivities.requeue, RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason))
         self.s.attempt += 1
         self.s.placement = None
         self.s.started_members = set()
         self.s.preempt = None
         self.s.lost_nodes = set()
 
-    async def _finish(self, state: str, exit_code: int | None, reason: str, key: str) -> JobOutcome:
+    async def _finish(self, state: JobState, exit_code: int | None, reason: str, key: str) -> JobOutcome:
         assert self.job is not None
         # A checkpoint reported as the members stopped is recorded before the job's end is.
         await workflow.wait_condition(workflow.all_handlers_finished)
         await _store(
-            "record_transition",
+            StoreActivities.record_transition,
             TransitionInput(
                 job_id=self.job.job_id,
                 attempt=self.s.attempt,

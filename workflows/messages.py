@@ -1,12 +1,14 @@
 """Inputs and results that cross Temporal: one dataclass per workflow, signal and activity.
 
-Plain dataclasses (Temporal's default converter), no I/O imports, so the workflow
-sandbox passes them through.
+Plain dataclasses (Temporal's default converter; a ``JobState`` travels as its name), no I/O
+imports, so the workflow sandbox passes them through.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from fairgang.spec import JobState
 
 #: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
 MEMBER_FENCED = "MemberFenced"
@@ -174,7 +176,7 @@ class QueuedInput:
 class TransitionInput:
     job_id: str
     attempt: int
-    state: str
+    state: JobState
     event_key: str
     message: str = ""
     allocation_id: str | None = None
@@ -200,7 +202,7 @@ class RevokeInput:
 
 @dataclass
 class JobOutcome:
-    state: str
+    state: JobState
     attempt: int
     exit_code: int | None = None
     reason: str = ""
@@ -210,7 +212,7 @@ class JobOutcome:
 class JobStatus:
     """What the ``status`` query returns."""
 
-    state: str
+    state: JobState
     attempt: int
     allocation_id: str | None = None
     started_members: list[int] = field(default_factory=list)

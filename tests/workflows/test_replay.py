@@ -15,9 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+from activities.store import StoreActivities
+from worker_agent.launch import LaunchActivities
 from workflows.job import TrainingJobWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -43,3 +46,12 @@ def test_every_kind_of_history_is_there() -> None:
             "checkpoints", "preempted-resumed", "node-lost", "failed-retried", "member-error-fenced", "heartbeat-lost-fenced",
         )
     }  # fmt: skip
+
+
+def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
+    def names(cls: type) -> set[str]:
+        defined = [activity._Definition.from_callable(value) for value in vars(cls).values() if callable(value)]
+        return {d.name for d in defined if d is not None and d.name is not None}
+
+    assert names(StoreActivities) == {"mark_queued", "record_transition", "requeue", "revoke_allocation", "record_checkpoint"}
+    assert names(LaunchActivities) == {"launch", "stop"}
