@@ -6,7 +6,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from fairgang.spec import JobState
-from store import repo
+from store import jobs, placement
 from store.db import Database
 from workflows.messages import CheckpointInput, QueuedInput, RequeueInput, RevokeInput, TransitionInput
 
@@ -19,17 +19,17 @@ class StoreActivities:
 
     @activity.defn(name="mark_queued")
     async def mark_queued(self, inp: QueuedInput) -> None:
-        await repo.mark_queued(self.db, job_id=inp.job_id, attempt=inp.attempt)
+        await jobs.mark_queued(self.db, job_id=inp.job_id, attempt=inp.attempt)
 
     @activity.defn(name="record_transition")
     async def record_transition(self, inp: TransitionInput) -> str:
         try:
             return await self._record_transition(inp)
-        except repo.StalePlacement as err:
+        except jobs.StalePlacement as err:
             raise ApplicationError(str(err), type="StalePlacement", non_retryable=True) from None
 
     async def _record_transition(self, inp: TransitionInput) -> str:
-        job = await repo.record_transition(
+        job = await jobs.record_transition(
             self.db,
             job_id=inp.job_id,
             attempt=inp.attempt,
@@ -44,16 +44,16 @@ class StoreActivities:
 
     @activity.defn(name="requeue")
     async def requeue(self, inp: RequeueInput) -> int:
-        job = await repo.requeue_job(self.db, job_id=inp.job_id, from_attempt=inp.from_attempt, reason=inp.reason)
+        job = await jobs.requeue_job(self.db, job_id=inp.job_id, from_attempt=inp.from_attempt, reason=inp.reason)
         return job.attempt
 
     @activity.defn(name="revoke_allocation")
     async def revoke_allocation(self, inp: RevokeInput) -> bool:
-        return await repo.revoke_allocation(self.db, job_id=inp.job_id, allocation_id=inp.allocation_id, reason=inp.reason)
+        return await placement.revoke_allocation(self.db, job_id=inp.job_id, allocation_id=inp.allocation_id, reason=inp.reason)
 
     @activity.defn(name="record_checkpoint")
     async def record_checkpoint(self, inp: CheckpointInput) -> None:
-        await repo.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt)
+        await jobs.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt)
 
     def all(self) -> list[object]:
         return [self.mark_queued, self.record_transition, self.requeue, self.revoke_allocation, self.record_checkpoint]

@@ -1,7 +1,7 @@
 """Sweep activities, run by the control-plane worker. Each is idempotent.
 
 A trial is admitted exactly like ``POST /v1/jobs``: the tenant's policy and the fleet's
-shapes (:func:`fairgang.admission.check_admission`), then ``repo.create_job`` with the
+shapes (:func:`fairgang.admission.check_admission`), then ``store.jobs.create_job`` with the
 tenant's concurrent-job cap, under the deterministic id ``<sweep id>-<index>``.
 """
 
@@ -14,11 +14,12 @@ from typing import Any
 
 from temporalio import activity
 
-from fairgang.admission import FleetShape, TenantPolicy, check_admission
+from fairgang.admission import FleetShape, check_admission
 from fairgang.settings import Settings, log_path
 from fairgang.spec import SpecError
 from fairgang.sweeps import SweepSpec, parse_metrics, parse_sweep, trial_job_id
-from store import repo
+from store import jobs, tenants
+from store import sweeps as stored_sweeps
 from store.db import Database
 from store.models import Sweep, Tenant
 from workflows import starter
@@ -33,16 +34,6 @@ from workflows.sweep_messages import (
 )
 
 log = logging.getLogger("fairgang.sweeps")
-
-
-def tenant_policy(tenant: Tenant) -> TenantPolicy:
-    return TenantPolicy(
-        name=tenant.name,
-        allowed_gpu_types=frozenset(tenant.quotas),
-        max_gpus_per_job=tenant.max_gpus_per_job,
-        max_runtime_s=tenant.max_runtime_s,
-        checkpoint_prefix=tenant.checkpoint_prefix,
-    )
 
 
 def scheduled_sweep_id(workflow_id: str, run_id: str = "") -> str:
@@ -106,13 +97,13 @@ class SweepActivities:
     @activity.defn(name="open_sweep")
     async def open_sweep(self, inp: OpenSweepInput) -> OpenSweepResult:
         if inp.sweep_id is not None:
-            sweep = await repo.get_sweep(self.db, inp.sweep_id)
+            sweep = await stored_sweeps.get_sweep(self.db, inp.sweep_id)
             if sweep is None:
                 raise RuntimeError(f"no sweep {inp.sweep_id}")
         else:
             sweep = await self._create_scheduled(inp)
         if sweep.state == "SUBMITTED":
-            sweep = await repo.set_sweep_state(self.db, sweep_id=sweep.id, state="RUNNING") or sweep
+            sweep = await stored_sweeps.set_sweep_state(self.db, sweep_id=sweep.id, state="RUNNING") or sweep
         return OpenSweepResult(sweep_id=sweep.id, trial_count=sweep.trial_count, max_concurrent=sweep.max_concurrent, state=sweep.state)
 
     async def _create_scheduled(self, inp: OpenSweepInput) -> Sweep:
@@ -127,12 +118,12 @@ class SweepActivities:
         except SpecError as err:
             problems = [f"{p.field}: {p.reason}" for p in err.problems]
         if problems:
-            sweep, _ = await repo.create_sweep(
+            sweep, _ = await stored_sweeps.create_sweep(
                 self.db, sweep_id=sweep_id, tenant=inp.tenant, name=name[:64], idempotency_key=key, spec=doc, trial_count=0,
                 max_concurrent=1, schedule_id=inp.schedule_id, state="FAILED", reason="; ".join(problems)[:1024],
             )  # fmt: skip
             return sweep
-        sweep, _ = await repo.create_sweep(
+        sweep, _ = await stored_sweeps.create_sweep(
             self.db, sweep_id=sweep_id, tenant=inp.tenant, name=spec.name, idempotency_key=key,
             spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True), trial_count=len(spec.trial_params()),
             max_concurrent=spec.max_concurrent, schedule_id=inp.schedule_id,
@@ -140,63 +131,68 @@ class SweepActivities:
         return sweep
 
     async def _admission_problems(self, spec: SweepSpec, tenant_name: str) -> list[str]:
-        tenant = await repo.get_tenant(self.db, tenant_name)
+        tenant = await tenants.get_tenant(self.db, tenant_name)
         if tenant is None:
             return [f"tenant: unknown tenant '{tenant_name}'"]
-        return [f"template.{p.field}: {p.reason}" for p in admission_problems(spec, tenant, await repo.fleet_shape(self.db))]
+        return [f"template.{p.field}: {p.reason}" for p in admission_problems(spec, tenant, await tenants.fleet_shape(self.db))]
 
     @activity.defn(name="create_trial")
     async def create_trial(self, inp: TrialInput) -> TrialStart:
         """Admit and store trial ``index``'s job (once); the workflow then starts it as its child."""
-        existing = await repo.get_trial(self.db, sweep_id=inp.sweep_id, index=inp.index)
+        existing = await stored_sweeps.get_trial(self.db, sweep_id=inp.sweep_id, index=inp.index)
         if existing is not None and existing.job_id is None:
             return TrialStart(status="refused", reason=existing.reason or "")
-        sweep = await repo.get_sweep(self.db, inp.sweep_id)
+        sweep = await stored_sweeps.get_sweep(self.db, inp.sweep_id)
         if sweep is None:
             raise RuntimeError(f"no sweep {inp.sweep_id}")
         spec = SweepSpec.model_validate(sweep.spec)
         params = spec.trial_params()[inp.index]
         job_id = trial_job_id(sweep.id, inp.index)
-        tenant = await repo.get_tenant(self.db, sweep.tenant)
+        tenant = await tenants.get_tenant(self.db, sweep.tenant)
         assert tenant is not None
         try:
             job_spec = spec.trial_spec(inp.index, params, sweep_id=sweep.id, tenant=sweep.tenant)
-            problems = [f"{p.field}: {p.reason}" for p in check_admission(job_spec, tenant_policy(tenant), await repo.fleet_shape(self.db))]
+            problems = [
+                f"{p.field}: {p.reason}"
+                for p in check_admission(job_spec, tenants.tenant_policy(tenant), await tenants.fleet_shape(self.db))
+            ]
         except SpecError as err:
             problems = [str(err)]
         if problems:
             reason = "; ".join(problems)[:1024]
-            await repo.add_trial(self.db, sweep_id=sweep.id, index=inp.index, params=params, job_id=None, state="REFUSED", reason=reason)
+            await stored_sweeps.add_trial(
+                self.db, sweep_id=sweep.id, index=inp.index, params=params, job_id=None, state="REFUSED", reason=reason
+            )
             return TrialStart(status="refused", reason=reason)
         try:
-            job, _ = await repo.create_job(
+            job, _ = await jobs.create_job(
                 self.db, spec=job_spec, tenant=sweep.tenant, max_concurrent_jobs=tenant.max_concurrent_jobs, job_id=job_id
             )
-        except repo.AdmissionRefused as err:
+        except jobs.AdmissionRefused as err:
             return TrialStart(status="wait", reason=err.reason)
-        await repo.add_trial(self.db, sweep_id=sweep.id, index=inp.index, params=params, job_id=job.id)
+        await stored_sweeps.add_trial(self.db, sweep_id=sweep.id, index=inp.index, params=params, job_id=job.id)
         return TrialStart(status="created", job_id=job.id, job=starter.job_input(job, self.settings))
 
     @activity.defn(name="trial_states")
     async def trial_states(self, inp: TrialStatesInput) -> TrialStates:
-        return TrialStates(states=await repo.job_states(self.db, inp.job_ids))
+        return TrialStates(states=await jobs.job_states(self.db, inp.job_ids))
 
     @activity.defn(name="finish_sweep")
     async def finish_sweep(self, inp: FinishSweepInput) -> dict[str, Any]:
         """Read the trials' reported metrics, write the summary and the sweep's final state."""
-        sweep = await repo.get_sweep(self.db, inp.sweep_id)
+        sweep = await stored_sweeps.get_sweep(self.db, inp.sweep_id)
         if sweep is None:
             raise RuntimeError(f"no sweep {inp.sweep_id}")
-        trials = await repo.sweep_trials(self.db, sweep.id)
+        trials = await stored_sweeps.sweep_trials(self.db, sweep.id)
         for trial, job in trials:
             if job is not None and not trial.metrics:
                 metrics = read_metrics(Path(self.settings.log_dir), job.id, job.attempt)
                 if metrics:
-                    await repo.set_trial_metrics(self.db, sweep_id=sweep.id, index=trial.index, metrics=metrics)
+                    await stored_sweeps.set_trial_metrics(self.db, sweep_id=sweep.id, index=trial.index, metrics=metrics)
                     trial.metrics = metrics
         summary = sweep_summary(sweep, trials, cancelled=inp.cancelled)
         state = "CANCELLED" if inp.cancelled else "COMPLETED"
-        await repo.set_sweep_state(self.db, sweep_id=sweep.id, state=state, summary=summary, reason=inp.reason or None)
+        await stored_sweeps.set_sweep_state(self.db, sweep_id=sweep.id, state=state, summary=summary, reason=inp.reason or None)
         return {"sweep_id": sweep.id, "state": state, **summary}
 
     def all(self) -> list[object]:
@@ -206,7 +202,7 @@ class SweepActivities:
 def admission_problems(spec: SweepSpec, tenant: Tenant, fleet: FleetShape) -> list[Any]:
     """Admission problems of every distinct trial job (fields relative to the job spec)."""
     seen: dict[tuple[str, str], Any] = {}
-    policy = tenant_policy(tenant)
+    policy = tenants.tenant_policy(tenant)
     for index, params in enumerate(spec.trial_params()):
         for problem in check_admission(spec.trial_spec(index, params, tenant=tenant.name), policy, fleet):
             seen.setdefault((problem.field, problem.reason), problem)

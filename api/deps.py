@@ -15,7 +15,7 @@ from temporalio.client import Client
 from api.limits import AuthThrottle
 from api.views import ViewCache
 from fairgang.settings import Settings
-from store import repo
+from store import auth
 from store.db import Database
 from workflows import starter
 
@@ -75,28 +75,28 @@ _bearer = HTTPBearer(auto_error=False)
 
 async def principal(
     request: Request, state: State, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> repo.Principal:
+) -> auth.Principal:
     client = request.client.host if request.client else "unknown"
     wait = state.auth_throttle.retry_after(client)
     if wait is not None:
         raise HTTPException(429, f"too many refused tokens from {client}: try again in {wait} s", headers={"Retry-After": str(wait)})
     if creds is None or not creds.credentials:
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-    who = await repo.authenticate(state.db, creds.credentials)
+    who = await auth.authenticate(state.db, creds.credentials)
     if who is None:
         state.auth_throttle.failed(client)
         raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
     return who
 
 
-Caller = Annotated[repo.Principal, Depends(principal)]
+Caller = Annotated[auth.Principal, Depends(principal)]
 
 
-def require_user(who: repo.Principal) -> None:
+def require_user(who: auth.Principal) -> None:
     if who.role not in ("admin", "tenant"):
         raise HTTPException(403, "this endpoint is for tenants and admins")
 
 
-def require_node(who: repo.Principal) -> None:
+def require_node(who: auth.Principal) -> None:
     if who.role not in ("node", "admin"):
         raise HTTPException(403, "this endpoint is for node agents")

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from api import health
 from api.deps import Caller, State, require_node
 from api.schemas import NodeAnswer, NodeHeartbeat, NodeRegistration
-from store import repo
+from store import nodes
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -30,7 +30,7 @@ async def fleet(state: State, who: Caller) -> Any:
 async def register(state: State, who: Caller, body: NodeRegistration) -> NodeAnswer:
     """An agent registers (or re-registers after a restart) its node."""
     require_node(who)
-    _, live = await repo.register_node(
+    _, live = await nodes.register_node(
         state.db,
         node_id=body.node_id,
         gpu_type=body.gpu_type,
@@ -40,7 +40,7 @@ async def register(state: State, who: Caller, body: NodeRegistration) -> NodeAns
         gpus=body.gpus,
         address=body.address,
     )
-    fence = await repo.report_running(state.db, node_id=body.node_id, running=body.running, live=live)
+    fence = await nodes.report_running(state.db, node_id=body.node_id, running=body.running, live=live)
     return NodeAnswer(accepted=True, live_allocations=live, fence=fence)
 
 
@@ -53,5 +53,5 @@ async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat
     """
     require_node(who)
     accepted, live, faults = await health.heartbeat(state, node_id=node_id, boot_id=body.boot_id, reports=body.gpus)
-    fence = await repo.report_running(state.db, node_id=node_id, running=body.running, live=live)
+    fence = await nodes.report_running(state.db, node_id=node_id, running=body.running, live=live)
     return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults, fence=fence)

@@ -18,7 +18,9 @@ from api.deps import AppState, Caller, State, log
 from api.schemas import FaultInjection
 from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, parse_xids
 from fairgang.settings import Settings
-from store import repo
+from store import auth, nodes
+from store import health as stored_health
+from store import jobs as stored_jobs
 from workflows import starter
 
 router = APIRouter(prefix="/v1", tags=["health"])
@@ -35,7 +37,7 @@ def thresholds(settings: Settings) -> Thresholds:
 
 async def move_job(state: AppState, *, job_id: str, attempt: int, node_id: str, reason: str) -> None:
     """Ask the job to checkpoint and move (once per attempt); if its workflow does not answer, requeue it as if the node were lost."""
-    if not await repo.add_health_event(
+    if not await stored_health.add_health_event(
         state.db, node_id=node_id, kind="job_moved", key=f"move-{job_id}-{attempt}", message=f"{job_id}: {reason}"
     ):
         return
@@ -63,7 +65,7 @@ class _Assessment:
         #: GPU index -> the policy's findings on its report.
         self.findings: dict[int, list[Finding]] = {}
 
-    def __call__(self, gpus: dict[int, repo.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
+    def __call__(self, gpus: dict[int, nodes.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
         self.faults = {i: list(g.health["injected"]) for i, g in gpus.items() if g.health.get("injected")}
         writes: dict[int, tuple[dict[str, Any], bool]] = {}
         for entry in self.reports:
@@ -93,7 +95,7 @@ async def heartbeat(
     """
     now = time.time() if now is None else now
     assessment = _Assessment(reports, thresholds(state.settings))
-    beat = await repo.record_heartbeat(state.db, node_id=node_id, boot_id=boot_id, policy=assessment, now=now)
+    beat = await nodes.record_heartbeat(state.db, node_id=node_id, boot_id=boot_id, policy=assessment, now=now)
     if not beat.accepted:
         return False, [], {}
     node_state = beat.state
@@ -102,7 +104,7 @@ async def heartbeat(
         why = "; ".join(f.message for f in fatal)
         log.warning("GPU %s/%d out of service: %s", node_id, index, why)
         for f in fatal:
-            await repo.add_health_event(
+            await stored_health.add_health_event(
                 state.db, node_id=node_id, gpu_index=index, kind=f.kind, severity="fatal", message=f.message, key=f"{f.kind}-{index}-{now}"
             )
         for job_id, attempt in sorted({(j, a) for (i, j, a) in beat.gpu_jobs if i == index}):
@@ -110,9 +112,9 @@ async def heartbeat(
     for index, findings in sorted(assessment.findings.items()):
         for f in findings:
             if f.severity == "degraded" and node_state == "READY":
-                await repo.set_node_state(state.db, node_id=node_id, state="CORDONED")
+                await nodes.set_node_state(state.db, node_id=node_id, state="CORDONED")
                 node_state = "CORDONED"
-                await repo.add_health_event(
+                await stored_health.add_health_event(
                     state.db,
                     node_id=node_id,
                     gpu_index=index,
@@ -128,11 +130,11 @@ async def heartbeat(
 
 async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_gpus: int) -> None:
     """On a node cordoned for degradation: a multi-node job moves once it has checkpointed since the cordon (R9.1)."""
-    since = await repo.degraded_since(state.db, node_id)
+    since = await stored_health.degraded_since(state.db, node_id)
     if since is None:
         return
-    for job_id, attempt in await repo.node_jobs(state.db, node_id):
-        job = await repo.get_job(state.db, job_id)
+    for job_id, attempt in await nodes.node_jobs(state.db, node_id):
+        job = await stored_jobs.get_job(state.db, job_id)
         if job is None or job.gpu_count <= node_gpus or job.attempt != attempt or (job.latest_checkpoint_at or 0.0) <= since:
             continue
         await move_job(
@@ -143,13 +145,13 @@ async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_g
 # ---------------------------------------------------------------- admin
 
 
-def _require_admin(who: repo.Principal) -> None:
+def _require_admin(who: auth.Principal) -> None:
     if not who.admin:
         raise HTTPException(403, "this endpoint is for admins")
 
 
 async def _node(state: AppState, node_id: str) -> Any:
-    node = await repo.get_node(state.db, node_id)
+    node = await nodes.get_node(state.db, node_id)
     if node is None:
         raise HTTPException(404, f"no node {node_id}")
     return node
@@ -159,12 +161,12 @@ def _node_public(node: Any) -> dict[str, Any]:
     return {"id": node.id, "state": node.state, "gpu_type": node.gpu_type, "gpu_count": node.gpu_count}
 
 
-async def _set_admin_state(state: State, who: repo.Principal, node_id: str, new_state: str, kind: str, message: str) -> Any:
+async def _set_admin_state(state: State, who: auth.Principal, node_id: str, new_state: str, kind: str, message: str) -> Any:
     """An admin's change of a node's state, with its health event."""
     _require_admin(who)
     await _node(state, node_id)
-    node = await repo.set_node_state(state.db, node_id=node_id, state=new_state)
-    await repo.add_health_event(state.db, node_id=node_id, kind=kind, message=message, key=f"{kind}-{time.time()}")
+    node = await nodes.set_node_state(state.db, node_id=node_id, state=new_state)
+    await stored_health.add_health_event(state.db, node_id=node_id, kind=kind, message=message, key=f"{kind}-{time.time()}")
     return node
 
 
@@ -189,7 +191,7 @@ async def drain(
     """Cordon the node and either let its jobs finish or move them (each checkpoints, requeues and resumes elsewhere)."""
     how = "checkpointing its jobs off" if checkpoint else "letting its jobs finish"
     node = await _set_admin_state(state, who, node_id, "CORDONED", "drain", f"drained by admin, {how}")
-    jobs = await repo.node_jobs(state.db, node_id)
+    jobs = await nodes.node_jobs(state.db, node_id)
     if checkpoint:
         client = await state.temporal()
         if client is None:
@@ -206,12 +208,12 @@ async def drain(
 async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dict[str, Any]:
     """Put a GPU back in service (and forget its injected faults)."""
     _require_admin(who)
-    gpu = await repo.get_gpu(state.db, node_id=node_id, index=index)
+    gpu = await nodes.get_gpu(state.db, node_id=node_id, index=index)
     if gpu is None:
         raise HTTPException(404, f"no GPU {node_id}/{index}")
     health = {k: v for k, v in gpu.health.items() if k not in ("injected", "xid_errors", "throttled_beats")}
-    await repo.set_gpu_health(state.db, node_id=node_id, index=index, healthy=True, health=health)
-    await repo.add_health_event(
+    await stored_health.set_gpu_health(state.db, node_id=node_id, index=index, healthy=True, health=health)
+    await stored_health.add_health_event(
         state.db,
         node_id=node_id,
         gpu_index=index,
@@ -228,7 +230,7 @@ async def inject_fault(state: State, who: Caller, node_id: str, index: int, faul
     _require_admin(who)
     if fault.kind not in FAULT_KINDS:
         raise HTTPException(422, f"kind: one of {', '.join(FAULT_KINDS)}")
-    injected = await repo.inject_gpu_fault(state.db, node_id=node_id, index=index, fault=fault.model_dump(exclude_none=True))
+    injected = await stored_health.inject_gpu_fault(state.db, node_id=node_id, index=index, fault=fault.model_dump(exclude_none=True))
     if injected is None:
         raise HTTPException(404, f"no GPU {node_id}/{index}")
     return {"node_id": node_id, "index": index, "injected": injected}
@@ -240,5 +242,5 @@ async def health_events(state: State, who: Caller, limit: int = Query(default=50
     del who  # any authenticated caller may see the fleet's health
     return [
         {"ts": e.ts, "node_id": e.node_id, "gpu_index": e.gpu_index, "kind": e.kind, "severity": e.severity, "message": e.message}
-        for e in await repo.recent_health_events(state.db, limit=limit)
+        for e in await stored_health.recent_health_events(state.db, limit=limit)
     ]

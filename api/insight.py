@@ -26,7 +26,7 @@ from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
 from scheduler.snapshot import SnapshotReader, build_snapshot
 from simulator.estimate import queue_estimates
-from store import repo
+from store import jobs, observability
 from store.db import Database
 from store.models import AllocationGpu, Gpu, Node
 
@@ -95,8 +95,8 @@ async def queue_view(db: Database, settings: Settings, *, now: float | None = No
     """
     now = time.time() if now is None else now
     snapshot = snapshot or await snapshot_now(db, settings, now)
-    names = await repo.job_names(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
-    learned = learned_runtimes(await repo.finished_runtimes(db))
+    names = await jobs.job_names(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
+    learned = learned_runtimes(await observability.finished_runtimes(db))
     return await asyncio.to_thread(estimate_queue, snapshot, names, learned, now)
 
 
@@ -165,7 +165,7 @@ def tenant_usage_of(snapshot: Snapshot, settings: Settings, now: float) -> list[
 # ---------------------------------------------------------------- fleet
 
 
-#: ``allocation_gpu.live`` as a bare term, so that SQLite uses its partial index (as ``store.repo`` does).
+#: ``allocation_gpu.live`` as a bare term, so that SQLite uses its partial index (as ``store.common.held`` does).
 _LIVE: ColumnClause[Any] = literal_column(f"{AllocationGpu.__tablename__}.live")
 
 

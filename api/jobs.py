@@ -11,10 +11,11 @@ from temporalio.client import WorkflowUpdateFailedError
 from api.deps import Caller, State, log, require_user
 from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
 from api.views import json_list
-from fairgang.admission import TenantPolicy, check_admission
+from fairgang.admission import check_admission
 from fairgang.settings import Settings, log_path
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
-from store import repo
+from store import auth, observability, tenants
+from store import jobs as stored_jobs
 from store.models import Job
 from workflows import starter
 
@@ -25,10 +26,10 @@ def spec_refused(problems: list[SpecProblem], status: int = 422) -> HTTPExceptio
     return HTTPException(status, {"error": "job spec refused", "problems": [p.model_dump() for p in problems]})
 
 
-async def visible_job(state: State, who: repo.Principal, job_id: str) -> Job:
+async def visible_job(state: State, who: auth.Principal, job_id: str) -> Job:
     """The job, if this caller may see it; 404 otherwise (no hint that it exists)."""
     require_user(who)
-    job = await repo.get_job(state.db, job_id)
+    job = await stored_jobs.get_job(state.db, job_id)
     if job is None or (not who.admin and job.tenant != who.tenant):
         raise HTTPException(404, f"no job {job_id}")
     return job
@@ -57,29 +58,22 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
         raise spec_refused([SpecProblem(field="tenant", reason="an admin must name the tenant")])
     if not who.admin and tenant_name != who.tenant:
         raise spec_refused([SpecProblem(field="tenant", reason=f"your token belongs to tenant '{who.tenant}'")], 403)
-    tenant = await repo.get_tenant(state.db, tenant_name)
+    tenant = await tenants.get_tenant(state.db, tenant_name)
     if tenant is None:
         raise spec_refused([SpecProblem(field="tenant", reason=f"unknown tenant '{tenant_name}'")])
-    policy = TenantPolicy(
-        name=tenant.name,
-        allowed_gpu_types=frozenset(tenant.quotas),
-        max_gpus_per_job=tenant.max_gpus_per_job,
-        max_runtime_s=tenant.max_runtime_s,
-        checkpoint_prefix=tenant.checkpoint_prefix,
-    )
-    problems = check_admission(spec, policy, await repo.fleet_shape(state.db))
+    problems = check_admission(spec, tenants.tenant_policy(tenant), await tenants.fleet_shape(state.db))
     if problems:
         raise spec_refused(problems)
     try:
-        job, created = await repo.create_job(state.db, spec=spec, tenant=tenant_name, max_concurrent_jobs=tenant.max_concurrent_jobs)
-    except repo.AdmissionRefused as err:
+        job, created = await stored_jobs.create_job(state.db, spec=spec, tenant=tenant_name, max_concurrent_jobs=tenant.max_concurrent_jobs)
+    except stored_jobs.AdmissionRefused as err:
         raise spec_refused([SpecProblem(field=err.field, reason=err.reason)], 429) from None
     if not job.workflow_started:
         client = await state.temporal()
         if client is not None:
             try:
                 await starter.start_job_workflow(client, job, state.settings)
-                await repo.mark_workflow_started(state.db, job.id)
+                await stored_jobs.mark_workflow_started(state.db, job.id)
             except Exception as err:  # noqa: BLE001
                 # The placement service's reconciler starts it later; the job is safe in the store.
                 log.warning("could not start workflow for %s yet: %s", job.id, err)
@@ -102,15 +96,15 @@ async def list_jobs(
         if tenant is not None and tenant != who.tenant:
             raise HTTPException(403, f"tenant: your token belongs to tenant '{who.tenant}'")
         tenant = who.tenant
-    return [JobPublic.of(j) for j in await repo.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit)]
+    return [JobPublic.of(j) for j in await stored_jobs.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit)]
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
 async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
     job = await visible_job(state, who, job_id)
-    allocations = [AllocationPublic.of(a) for a in await repo.job_allocations(state.db, job_id)]
+    allocations = [AllocationPublic.of(a) for a in await stored_jobs.job_allocations(state.db, job_id)]
     current = next((a for a in reversed(allocations) if a.attempt == job.attempt), None)
-    events = [EventPublic.of(e) for e in await repo.job_events(state.db, job_id)]
+    events = [EventPublic.of(e) for e in await stored_jobs.job_events(state.db, job_id)]
     position = estimated = None
     if job.state == JobState.QUEUED.value and job.workflow_started:
         queue = (await state.views.get("queue", state.db)).value.view
@@ -154,7 +148,7 @@ async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
     reason = "cancelled by admin" if who.admin else f"cancelled by tenant {who.tenant}"
     if not job.workflow_started:
         # No workflow yet: nothing runs, so the store alone can end it.
-        job = await repo.record_transition(
+        job = await stored_jobs.record_transition(
             state.db, job_id=job.id, attempt=job.attempt, state=JobState.CANCELLED, event_key=f"cancel-{job.attempt}", message=reason
         )
         return JobPublic.of(job)
@@ -211,7 +205,7 @@ async def recent_events(
     wanted = [k.strip().upper() for k in kinds.split(",") if k.strip()]
     if not wanted:
         raise HTTPException(422, "kinds: name at least one job event kind")
-    rows = await repo.recent_events(state.db, wanted, tenant=None if who.admin else who.tenant, limit=limit)
+    rows = await observability.recent_events(state.db, wanted, tenant=None if who.admin else who.tenant, limit=limit)
     return [
         RecentEvent(
             **EventPublic.of(event).model_dump(),

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from api import insight
 from api.deps import State
 from fairgang.settings import Settings
-from store import repo
+from store import health, jobs, observability
 from store.db import Database
 from store.models import Job
 
@@ -55,7 +55,9 @@ class Families(Collector):
         yield from self.families
 
 
-def _histogram(name: str, doc: str, labels: list[str], groups: dict[tuple[str, ...], list[repo.StartedWaits]]) -> HistogramMetricFamily:
+def _histogram(
+    name: str, doc: str, labels: list[str], groups: dict[tuple[str, ...], list[observability.StartedWaits]]
+) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labels)
     for key, rows in sorted(groups.items()):
         buckets: list[tuple[str, float]] = [(str(b), float(sum(r.at_most[i] for r in rows))) for i, b in enumerate(WAIT_BUCKETS)]
@@ -77,7 +79,7 @@ async def collect(
     now = time.time() if now is None else now
     fleet = fleet if fleet is not None else await insight.fleet_view(db, settings, now=now)
     tenants = tenants if tenants is not None else await insight.tenant_usage(db, settings, now=now)
-    queued = queued if queued is not None else await repo.queued_jobs(db)
+    queued = queued if queued is not None else await jobs.queued_jobs(db)
     out: list[Metric] = []
 
     # Fleet: every GPU in exactly one state; capacity and healthy per type; measured utilisation.
@@ -129,8 +131,8 @@ async def collect(
     for key, waits in sorted(groups.items()):
         length.add_metric(list(key), len(waits))
         oldest.add_metric(list(key), max(waits))
-    started_waits: dict[tuple[str, ...], list[repo.StartedWaits]] = {}
-    for started in await repo.started_attempt_waits(db, WAIT_BUCKETS):
+    started_waits: dict[tuple[str, ...], list[observability.StartedWaits]] = {}
+    for started in await observability.started_attempt_waits(db, WAIT_BUCKETS):
         started_waits.setdefault((started.tenant, started.gpu_type, insight.size_class(started.gpu_count)), []).append(started)
     out += [
         length,
@@ -160,7 +162,7 @@ async def collect(
     preemptions = CounterMetricFamily("fairgang_preemptions", "Preemptions by reason.", labels=["reason"])
     requeues = CounterMetricFamily("fairgang_requeues", "Attempts sent back to the queue, by reason.", labels=["reason"])
     counted: dict[str, dict[str, int]] = {"PREEMPTING": {}, "REQUEUED": {}}
-    for kind, head, n in await repo.event_message_heads(db, ["PREEMPTING", "REQUEUED"]):
+    for kind, head, n in await observability.event_message_heads(db, ["PREEMPTING", "REQUEUED"]):
         reason = preemption_reason(head) if kind == "PREEMPTING" else requeue_reason(head)
         counted[kind][reason] = counted[kind].get(reason, 0) + n
     for reason in sorted(set(PREEMPT_REASONS) | {"manual"} | set(counted["PREEMPTING"])):
@@ -174,7 +176,7 @@ async def collect(
 
 async def _health_events(db: Database) -> Iterable[Metric]:
     family = CounterMetricFamily("fairgang_health_events", "GPU health events recorded, by kind.", labels=["kind"])
-    for kind, n in sorted((await repo.health_event_counts(db)).items()):
+    for kind, n in sorted((await health.health_event_counts(db)).items()):
         family.add_metric([kind], n)
     return [family]
 

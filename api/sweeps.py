@@ -35,7 +35,8 @@ from api.deps import Caller, State, log, require_user
 from fairgang.settings import CONTROL_TASK_QUEUE
 from fairgang.spec import SpecError, SpecProblem
 from fairgang.sweeps import OVERLAP_POLICIES, SweepSpec, parse_schedule, parse_sweep
-from store import repo
+from store import auth, common, tenants
+from store import sweeps as stored_sweeps
 from store.models import Sweep, SweepTrial, Tenant
 from workflows.sweep import TENANT
 from workflows.sweep_messages import SweepCancel, SweepInput
@@ -101,28 +102,28 @@ class SweepSubmitResult(BaseModel):
     sweep: SweepPublic
 
 
-async def _tenant_for(state: State, who: repo.Principal, named: str | None) -> Tenant:
+async def _tenant_for(state: State, who: auth.Principal, named: str | None) -> Tenant:
     tenant_name = named or who.tenant
     if tenant_name is None:
         raise refused([SpecProblem(field="tenant", reason="an admin must name the tenant")])
     if not who.admin and tenant_name != who.tenant:
         raise refused([SpecProblem(field="tenant", reason=f"your token belongs to tenant '{who.tenant}'")], 403)
-    tenant = await repo.get_tenant(state.db, tenant_name)
+    tenant = await tenants.get_tenant(state.db, tenant_name)
     if tenant is None:
         raise refused([SpecProblem(field="tenant", reason=f"unknown tenant '{tenant_name}'")])
     return tenant
 
 
 async def _admit(state: State, spec: SweepSpec, tenant: Tenant, prefix: str = "") -> None:
-    problems = admission_problems(spec, tenant, await repo.fleet_shape(state.db))
+    problems = admission_problems(spec, tenant, await tenants.fleet_shape(state.db))
     if problems:
         raise refused([SpecProblem(field=f"{prefix}template.{p.field}", reason=p.reason) for p in problems])
 
 
-async def visible_sweep(state: State, who: repo.Principal, sweep_id: str) -> Sweep:
+async def visible_sweep(state: State, who: auth.Principal, sweep_id: str) -> Sweep:
     """The sweep, if this caller may see it; 404 otherwise (no hint that it exists)."""
     require_user(who)
-    sweep = await repo.get_sweep(state.db, sweep_id)
+    sweep = await stored_sweeps.get_sweep(state.db, sweep_id)
     if sweep is None or (not who.admin and sweep.tenant != who.tenant):
         raise HTTPException(404, f"no sweep {sweep_id}")
     return sweep
@@ -153,9 +154,9 @@ async def submit_sweep(state: State, who: Caller, body: dict[str, Any] = Body(..
         raise refused(err.problems) from None
     tenant = await _tenant_for(state, who, spec.tenant)
     await _admit(state, spec, tenant)
-    sweep, created = await repo.create_sweep(
+    sweep, created = await stored_sweeps.create_sweep(
         state.db,
-        sweep_id=repo.new_id("sw"),
+        sweep_id=common.new_id("sw"),
         tenant=tenant.name,
         name=spec.name,
         idempotency_key=spec.idempotency_key or f"name:{spec.name}",
@@ -186,7 +187,7 @@ async def list_sweeps(
         if tenant is not None and tenant != who.tenant:
             raise HTTPException(403, f"tenant: your token belongs to tenant '{who.tenant}'")
         tenant = who.tenant
-    rows = await repo.list_sweeps(state.db, tenant=tenant, schedule_id=schedule_id, state=sweep_state, limit=limit)
+    rows = await stored_sweeps.list_sweeps(state.db, tenant=tenant, schedule_id=schedule_id, state=sweep_state, limit=limit)
     return [SweepPublic.of(s) for s in rows]
 
 
@@ -206,7 +207,7 @@ def _trial_view(index: int, params: dict[str, Any], row: SweepTrial | None, job:
 async def show_sweep(state: State, who: Caller, sweep_id: str) -> SweepDetail:
     """The sweep with every trial: its parameters, its job and the job's state."""
     sweep = await visible_sweep(state, who, sweep_id)
-    recorded = {trial.index: (trial, job) for trial, job in await repo.sweep_trials(state.db, sweep.id)}
+    recorded = {trial.index: (trial, job) for trial, job in await stored_sweeps.sweep_trials(state.db, sweep.id)}
     all_params = SweepSpec.model_validate(sweep.spec).trial_params() if sweep.trial_count else []
     trials = [_trial_view(i, params, *recorded.get(i, (None, None))) for i, params in enumerate(all_params)]
     counts: dict[str, int] = {}
@@ -226,10 +227,10 @@ async def show_sweep(state: State, who: Caller, sweep_id: str) -> SweepDetail:
 async def cancel_sweep(state: State, who: Caller, sweep_id: str) -> SweepPublic:
     """Start no more trials; the running ones get their job's graceful cancel (SIGTERM, grace, SIGKILL)."""
     sweep = await visible_sweep(state, who, sweep_id)
-    if sweep.state in repo.SWEEP_TERMINAL:
+    if sweep.state in stored_sweeps.SWEEP_TERMINAL:
         return SweepPublic.of(sweep)
     reason = "cancelled by admin" if who.admin else f"cancelled by tenant {who.tenant}"
-    sweep = await repo.set_sweep_state(state.db, sweep_id=sweep.id, state="CANCELLING") or sweep
+    sweep = await stored_sweeps.set_sweep_state(state.db, sweep_id=sweep.id, state="CANCELLING") or sweep
     client = await state.temporal()
     if client is None:
         raise HTTPException(503, "the workflow service is unreachable; try again")
@@ -311,7 +312,7 @@ async def _client(state: State) -> Client:
     return client
 
 
-async def visible_schedule(state: State, who: repo.Principal, schedule_id: str) -> tuple[ScheduleHandle, ScheduleDescription]:
+async def visible_schedule(state: State, who: auth.Principal, schedule_id: str) -> tuple[ScheduleHandle, ScheduleDescription]:
     """The schedule, if this caller may see it; 404 otherwise."""
     require_user(who)
     handle = (await _client(state)).get_schedule_handle(schedule_id)

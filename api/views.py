@@ -5,7 +5,7 @@ worker_main; ...'``) with its own event loop and store connections, so that read
 of rows, simulating the queue forward and encoding megabytes of JSON never run in the API's
 interpreter (not even in a thread, where they would hold its lock against the loop that
 answers heartbeats and submissions). The worker computes a view when a request asks for it,
-again whenever the store's version moves (``repo.view_version``: the change feed and the
+again whenever the store's version moves (``store.observability.view_version``: the change feed and the
 newest job and health events) and at least every ``MAX_AGE_S`` while anyone asks; a view
 nobody asked for in ``IDLE_S`` is no longer refreshed. It keeps what it read between
 computations (the scheduler's ``SnapshotReader``), so a recomputation after a change reads
@@ -59,7 +59,8 @@ from api.schemas import JobPublic, QueueEntry
 from fairgang.settings import Settings
 from scheduler.core import Snapshot
 from scheduler.snapshot import SnapshotReader
-from store import repo
+from store import jobs as stored_jobs
+from store import observability
 from store.db import Database
 from store.models import Job
 
@@ -196,7 +197,7 @@ class Round:
         return snapshot
 
     async def queued(self) -> Sequence[Job]:
-        queued: Sequence[Job] = await self.part("queued", lambda: repo.queued_jobs(self.db))
+        queued: Sequence[Job] = await self.part("queued", lambda: stored_jobs.queued_jobs(self.db))
         return queued
 
     async def view(self, name: str) -> Computed:
@@ -239,8 +240,8 @@ class QueueState:
 
 async def _queue(r: Round) -> Result:
     snapshot = await r.snapshot()
-    names = await repo.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
-    learned = insight.learned_runtimes(await repo.finished_runtimes(r.db))
+    names = await stored_jobs.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
+    learned = insight.learned_runtimes(await observability.finished_runtimes(r.db))
     view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, names, learned, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
@@ -334,7 +335,7 @@ class ViewCache:
 
     async def get(self, name: str, db: Database) -> View:
         """The view, as fresh as the rules above give it; raises ViewUnavailable when none could be had in time."""
-        key = await repo.view_version(db)
+        key = await observability.view_version(db)
         asked = time.monotonic()
         loop = asyncio.get_running_loop()
         self._client = loop
@@ -599,7 +600,7 @@ class Refresher:
                 if not asked:
                     continue
                 try:
-                    key = await repo.view_version(db)
+                    key = await observability.view_version(db)
                 except Exception as err:  # noqa: BLE001 - the store is unreachable for now
                     log.warning("views: cannot read the store's version: %s", err)
                     await asyncio.sleep(POLL_S)

@@ -32,7 +32,8 @@ from fairgang import metrics
 from fairgang.settings import Settings
 from fairgang.spec import JobState
 from scheduler.service import PlacementService
-from store import repo
+from store import jobs
+from store import tenants as stored_tenants
 from store.db import Database
 from tests.builders import job_spec
 
@@ -63,14 +64,14 @@ def _phase_totals() -> dict[str, float]:
 
 
 async def _churn(db: Database, n: int, serial: int, now: float) -> None:
-    running = [j for j in await repo.list_jobs(db, state=JobState.RUNNING.value, limit=5 * n) if j.attempt == 1][:n]
+    running = [j for j in await jobs.list_jobs(db, state=JobState.RUNNING.value, limit=5 * n) if j.attempt == 1][:n]
     for job in running:
-        await repo.record_transition(db, job_id=job.id, attempt=job.attempt, state=JobState.SUCCEEDED, event_key="bench-end", now=now)
-    tenants = [t.name for t in await repo.list_tenants(db)]
+        await jobs.record_transition(db, job_id=job.id, attempt=job.attempt, state=JobState.SUCCEEDED, event_key="bench-end", now=now)
+    tenants = [t.name for t in await stored_tenants.list_tenants(db)]
     for i in range(n):
         spec = job_spec(name=f"bench-{serial}-{i}", gpu_type=random.choice(["H100-80GB", "A100-80GB", "L40S"]), gpu_count=1)
-        job, _ = await repo.create_job(db, spec=spec, tenant=random.choice(tenants), now=now)
-        await repo.mark_queued(db, job_id=job.id, attempt=1, now=now)
+        job, _ = await jobs.create_job(db, spec=spec, tenant=random.choice(tenants), now=now)
+        await jobs.mark_queued(db, job_id=job.id, attempt=1, now=now)
 
 
 async def run(url: str, cycles: int, churn: int) -> None:

@@ -1,7 +1,7 @@
 """Heartbeats at full scale: the real API (``fairgang api``) under N simulated node agents.
 
 Builds a store with the SPEC's fleet (750 nodes / 5,000 GPUs by default: 500 H100 nodes of 8,
-250 L40S nodes of 4) through the store's own functions (``repo.seed_cluster``, ``repo.register_node``),
+250 L40S nodes of 4) through the store's own functions (``store.tenants.seed_cluster``, ``store.nodes.register_node``),
 fills about a third of the GPUs with live allocations and adds released history, starts the API as its
 own process, and drives it over HTTP with one simulated agent per node, each heartbeating every
 ``--interval`` seconds (the agent's own request: its GPUs' health reports and the allocations it runs).
@@ -40,7 +40,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fairgang.cluster import ClusterConfig, NodeConfig, QuotaConfig, TenantConfig
-from store import repo
+from store import health, tenants
+from store import nodes as stored_nodes
 from store.db import Database, migrate
 from store.models import Allocation, AllocationGpu, Job
 
@@ -101,13 +102,15 @@ async def build(url: str, nodes: list[NodeConfig], *, busy_fraction: float, hist
             ],
             nodes=nodes,
         )
-        await repo.seed_cluster(db, config)
+        await tenants.seed_cluster(db, config)
         view: dict[str, dict[str, Any]] = {}
         rng = random.Random(7)
         for n in nodes:
             boot = f"boot-{uuid.uuid4().hex[:8]}"
             gpus = [{"index": i, "uuid": f"GPU-{n.id}-{i}", "health": report(False)} for i in range(n.gpus)]
-            await repo.register_node(db, node_id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=n.labels, boot_id=boot, gpus=gpus)
+            await stored_nodes.register_node(
+                db, node_id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=n.labels, boot_id=boot, gpus=gpus
+            )
             view[n.id] = {"boot_id": boot, "gpus": n.gpus, "running": [], "busy": set()}
         now = time.time()
         jobs: list[Job] = []
@@ -435,10 +438,10 @@ async def agent_view(url: str, nodes: list[NodeConfig]) -> dict[str, dict[str, A
     db = Database(url)
     try:
         view = {}
-        for n in await repo.list_nodes(db):
-            accepted, live = await repo.node_heartbeat(db, node_id=n.id, boot_id=n.boot_id or "")
+        for n in await stored_nodes.list_nodes(db):
+            accepted, live = await stored_nodes.node_heartbeat(db, node_id=n.id, boot_id=n.boot_id or "")
             if accepted:
-                busy = {i for i, _, _ in await repo.gpu_jobs(db, n.id)}
+                busy = {i for i, _, _ in await health.gpu_jobs(db, n.id)}
                 view[n.id] = {"boot_id": n.boot_id, "gpus": n.gpu_count, "running": live, "busy": busy}
         del nodes
         return view

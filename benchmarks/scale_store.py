@@ -11,8 +11,8 @@ preempted once: PREEMPTING, REQUEUED and a second attempt). ``--scale 2`` or ``4
 fleet, the current jobs and the history rate; there are always 50 tenants.
 
 How: the schema comes from the migrations (``store.db.migrate``); tenants, tokens, nodes and GPUs
-are loaded by ``repo.seed_cluster`` from a :class:`~fairgang.cluster.ClusterConfig` and every node
-is registered by ``repo.register_node`` (as its agent would, with the simulated GPUs' inventory).
+are loaded by ``store.tenants.seed_cluster`` from a :class:`~fairgang.cluster.ClusterConfig` and every node
+is registered by ``store.nodes.register_node`` (as its agent would, with the simulated GPUs' inventory).
 The jobs, allocations and events (about 700,000 rows at 1x) are bulk-inserted with SQLAlchemy Core:
 exactly the rows ``create_job``, ``mark_queued``, ``commit_bindings``, ``record_transition`` and
 ``requeue_job`` write, without a transaction per state change. Historical allocations are spread
@@ -53,7 +53,9 @@ from sqlmodel import SQLModel
 
 from fairgang.cluster import ClusterConfig
 from fairgang.spec import PRIORITY_CLASSES, JobSpec
-from store import repo, usage
+from store import nodes as stored_nodes
+from store import tenants as stored_tenants
+from store import usage
 from store.db import Database, migrate
 from worker_agent.gpus import SimulatedGpus
 
@@ -447,10 +449,10 @@ async def build(
     await migrate(url)
     db = Database(url)
     try:
-        await repo.seed_cluster(db, config, now=now)
+        await stored_tenants.seed_cluster(db, config, now=now)
         for n in config.nodes:
             gpus = SimulatedGpus(n.id, n.gpu_type, n.gpus)
-            await repo.register_node(
+            await stored_nodes.register_node(
                 db,
                 node_id=n.id,
                 gpu_type=n.gpu_type,

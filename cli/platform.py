@@ -27,7 +27,7 @@ import httpx
 
 from fairgang.cluster import ClusterConfig
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings, normalise_database_url
-from store import repo
+from store import tenants
 from store.db import Database, migrate
 
 PR_SET_PDEATHSIG = 1
@@ -160,7 +160,7 @@ class DevPlatform:
         await migrate(self.settings.database_url)
         db = Database(self.settings.database_url)
         try:
-            await repo.seed_cluster(db, self.config)
+            await tenants.seed_cluster(db, self.config)
         finally:
             await db.dispose()
 

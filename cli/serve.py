@@ -91,7 +91,7 @@ def migrate() -> None:
 @app.command()
 def seed(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> None:
     """Load tenants, quotas, tokens (stored hashed) and nodes from a cluster config; safe to repeat."""
-    from store import repo
+    from store import tenants
     from store.db import Database, migrate
 
     try:
@@ -104,7 +104,7 @@ def seed(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> Non
         await migrate(url)
         db = Database(url)
         try:
-            await repo.seed_cluster(db, cluster)
+            await tenants.seed_cluster(db, cluster)
         finally:
             await db.dispose()
 

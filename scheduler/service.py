@@ -28,7 +28,8 @@ from fairgang import metrics
 from fairgang.settings import Settings
 from scheduler.core import Decisions, Preempt, Reservation, Scheduler, SchedulerConfig
 from scheduler.snapshot import SnapshotReader, build_snapshot
-from store import repo
+from store import jobs as stored_jobs
+from store import nodes, placement
 from store.db import NOTIFY_CHANNEL, Database
 from workflows import starter
 
@@ -60,10 +61,10 @@ async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, 
     """Commit a cycle's bindings, fenced by the lease epoch, with the pending reasons that changed since ``reader``'s read.
 
     Raises:
-        repo.LeaseLost: when ``epoch`` is no longer the lease's.
+        placement.LeaseLost: when ``epoch`` is no longer the lease's.
     """
     rows = [
-        repo.BindingRow(
+        placement.BindingRow(
             job_id=b.job_id,
             attempt=b.attempt,
             members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
@@ -72,7 +73,7 @@ async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, 
     ]
     stored = reader.pending_reasons
     changed = {job_id: reason for job_id, reason in decisions.pending_reasons.items() if stored.get(job_id) != reason}
-    return list(await repo.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now))
+    return list(await placement.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now))
 
 
 @dataclass
@@ -126,7 +127,7 @@ class PlacementService:
     async def _cycle(self, now: float | None) -> CycleReport:
         now = time.time() if now is None else now
         # 1. Leader lease.
-        epoch = await repo.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
+        epoch = await placement.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
         if epoch is None:
             return CycleReport(leader=False)
         # 1b. Node liveness: silent nodes are declared lost and their jobs told at once.
@@ -146,7 +147,7 @@ class PlacementService:
         # 4. Commit, fenced by the epoch.
         try:
             allocations = await commit(self.db, decisions, self.reader, epoch=epoch, now=now)
-        except repo.LeaseLost as err:
+        except placement.LeaseLost as err:
             log.warning("%s", err)
             return CycleReport(leader=False)
         metrics.SCHEDULING_PHASE.labels(phase="commit").observe(time.perf_counter() - committing)
@@ -156,7 +157,7 @@ class PlacementService:
         preempted = await self._preempt(decisions.preemptions, {r.id for r in snapshot.running})
         report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons), preempted=preempted)
         # 6. Reconcile.
-        stale = await repo.unacked_allocations(
+        stale = await placement.unacked_allocations(
             self.db, older_than=now - self.settings.scheduler_resignal_after_s, now=now, limit=RECONCILE_BATCH
         )
         await self._signal(stale, now)
@@ -180,7 +181,7 @@ class PlacementService:
         return asked
 
     async def _declare_lost_nodes(self, now: float) -> None:
-        lost = await repo.mark_lost_nodes(self.db, lost_after_s=self.settings.node_lost_after_s, now=now)
+        lost = await nodes.mark_lost_nodes(self.db, lost_after_s=self.settings.node_lost_after_s, now=now)
         for node_id, job_ids in sorted(lost.items()):
             log.warning("node %s declared lost; telling %d job(s)", node_id, len(job_ids))
             for job_id in job_ids:
@@ -201,12 +202,12 @@ class PlacementService:
                 return None
 
         sent = [alloc_id for alloc_id in await _bounded([signal(a) for a in allocations]) if alloc_id is not None]
-        await repo.mark_signalled(self.db, sent, now)
+        await placement.mark_signalled(self.db, sent, now)
 
     async def _start_missing_workflows(self, now: float) -> int:
         """Start the workflows the API did not (a burst, a crash): a bounded batch per cycle, started concurrently,
         so a backlog of thousands is absorbed over a few cycles without holding placement back."""
-        jobs = await repo.jobs_without_workflow(self.db, older_than=now - 5.0, limit=RECONCILE_BATCH)
+        jobs = await stored_jobs.jobs_without_workflow(self.db, older_than=now - 5.0, limit=RECONCILE_BATCH)
 
         async def start(job: Any) -> str | None:
             try:
@@ -217,7 +218,7 @@ class PlacementService:
                 return None
 
         started = [job_id for job_id in await _bounded([start(job) for job in jobs]) if job_id is not None]
-        await repo.mark_workflows_started(self.db, started)
+        await stored_jobs.mark_workflows_started(self.db, started)
         return len(started)
 
     # ------------------------------------------------------------ wake-ups
@@ -227,11 +228,11 @@ class PlacementService:
 
     async def _poll_changes(self) -> None:
         """Wake on any change of the change-feed version (works on every store)."""
-        last = await repo.change_version(self.db)
+        last = await placement.change_version(self.db)
         while True:
             await asyncio.sleep(self.settings.scheduler_poll_s)
             try:
-                version = await repo.change_version(self.db)
+                version = await placement.change_version(self.db)
             except Exception as err:  # noqa: BLE001 - keep polling through store hiccups
                 log.warning("change poll failed: %s", err)
                 continue

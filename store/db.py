@@ -19,10 +19,6 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 NOTIFY_CHANNEL = "fairgang_wake"
 
 
-def is_sqlite(url: str) -> bool:
-    return normalise_database_url(url).startswith("sqlite")
-
-
 def make_engine(url: str, *, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
     """Create the async engine with the settings each backend needs to be shared safely.
 

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from fairgang.spec import JobState
+from store.common import LIVE_ALLOCATION_STATES, REVOKED
 from store.models import Allocation, Gpu, Job, Node, Tenant
-from store.repo import LIVE_ALLOCATION_STATES, REVOKED
 
 
 @dataclass(frozen=True)

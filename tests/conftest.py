@@ -22,7 +22,7 @@ from api.app import create_app
 from api.deps import AppState
 from fairgang.cluster import ClusterConfig
 from fairgang.settings import Settings
-from store import repo
+from store import tenants
 from store.db import Database, migrate
 
 PG_URL = os.environ.get("DATABASE_URL") or "postgresql://root@127.0.0.1:5432/test"
@@ -136,7 +136,7 @@ def small_cluster() -> ClusterConfig:
 
 @pytest.fixture
 async def seeded(db: Database) -> Database:
-    await repo.seed_cluster(db, small_cluster())
+    await tenants.seed_cluster(db, small_cluster())
     return db
 
 

@@ -23,7 +23,8 @@ from cli.main import app as cli_app
 from fairgang.cluster import ClusterConfig, load_cluster_config
 from fairgang.settings import Settings
 from fairgang.spec import load_spec_text
-from store import repo
+from store import jobs as stored_jobs
+from store import tenants as stored_tenants
 from store.db import Database, migrate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ async def example_api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, 
     url = f"sqlite+aiosqlite:///{tmp_path / 'fairgang.db'}"
     await migrate(url)
     db = Database(url)
-    await repo.seed_cluster(db, load_cluster_config(CLUSTER))
+    await stored_tenants.seed_cluster(db, load_cluster_config(CLUSTER))
     settings = Settings(database_url=url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
     app = create_app(settings)
     app.state.fairgang = AppState(settings=settings, db=db)
@@ -57,7 +58,7 @@ async def test_every_example_job_is_admitted_under_the_example_cluster(
         assert token is not None, f"{path.name}: its tenant has no token in {CLUSTER.name}"
         resp = await api.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
         assert resp.status_code == 201, f"{path.name}: {resp.text}"
-    stored = await repo.list_jobs(db)
+    stored = await stored_jobs.list_jobs(db)
     assert len(stored) == len(jobs)
     assert len({j.tenant for j in stored}) >= 3  # the demo shows three teams sharing the fleet
 

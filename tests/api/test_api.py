@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from fairgang.settings import Settings
-from store import repo
+from store import jobs
 from store.db import Database
 from tests.builders import spec_dict
 
@@ -48,7 +48,7 @@ async def test_submit_stores_a_queued_job_and_repeats_are_idempotent(api: httpx.
     by_name = await api.post("/v1/jobs", json=spec_dict(name="by-name"), headers=ALPHA)
     by_name_again = await api.post("/v1/jobs", json=spec_dict(name="by-name"), headers=ALPHA)
     assert by_name.json()["job"]["id"] == by_name_again.json()["job"]["id"]
-    assert len(await repo.list_jobs(seeded)) == 2
+    assert len(await jobs.list_jobs(seeded)) == 2
 
 
 @pytest.mark.parametrize(
@@ -70,14 +70,14 @@ async def test_invalid_spec_is_refused_with_its_field_and_nothing_is_stored(
     assert resp.status_code in (403, 422), resp.text
     problems = resp.json()["detail"]["problems"]
     assert field in [p["field"] for p in problems], problems
-    assert await repo.list_jobs(seeded) == []
+    assert await jobs.list_jobs(seeded) == []
 
 
 async def test_tenant_cannot_submit_for_another_tenant(api: httpx.AsyncClient, seeded: Database) -> None:
     resp = await api.post("/v1/jobs", json=spec_dict(tenant="beta"), headers=ALPHA)
     assert resp.status_code == 403
     assert resp.json()["detail"]["problems"][0]["field"] == "tenant"
-    assert await repo.list_jobs(seeded) == []
+    assert await jobs.list_jobs(seeded) == []
 
 
 async def test_tenant_sees_and_acts_on_its_own_jobs_only(api: httpx.AsyncClient) -> None:
@@ -127,7 +127,7 @@ async def test_queue_lists_jobs_in_fair_order_with_their_reasons(api: httpx.Asyn
     ids = {}
     for token, tenant, name in (("alpha-token", "alpha", "a1"), ("alpha-token", "alpha", "a2"), ("beta-token", "beta", "b1")):
         job = (await api.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=auth(token))).json()["job"]
-        await repo.mark_queued(seeded, job_id=job["id"], attempt=1)
+        await jobs.mark_queued(seeded, job_id=job["id"], attempt=1)
         ids[name] = job["id"]
     everyone = (await api.get("/v1/queue", headers=ADMIN)).json()
     assert [e["position"] for e in everyone] == [1, 2, 3]
@@ -158,7 +158,7 @@ async def test_tenant_policy_refusals_at_submit_name_the_field_and_store_nothing
     problems = resp.json()["detail"]["problems"]
     assert [p["field"] for p in problems] == [field], problems
     assert reason in problems[0]["reason"], problems
-    assert await repo.list_jobs(seeded) == []
+    assert await jobs.list_jobs(seeded) == []
     # The same spec within beta's policy is admitted: the refusal was the policy, not the spec.
     within = {"gpu_type": "H100-80GB", "gpu_count": 8, "max_runtime": "1h"}
     ok = await api.post("/v1/jobs", json=spec_dict(checkpoint_dir="/ckpt/beta/x", **(overrides | {field: within[field]})), headers=BETA)

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.insight import learned_runtimes, size_class
 from api.metrics import requeue_reason
-from store import repo
+from store import jobs, placement
 from store.db import Database
 from store.models import Job
 from tests.api.test_api import ADMIN, ALPHA, BETA, NODE
@@ -46,15 +46,15 @@ async def queue_job(api: httpx.AsyncClient, db: Database, headers: dict, **spec:
     resp = await api.post("/v1/jobs", json=spec_dict(**spec), headers=headers)
     assert resp.status_code == 201, resp.text
     job_id = str(resp.json()["job"]["id"])
-    await repo.mark_queued(db, job_id=job_id, attempt=1)
+    await jobs.mark_queued(db, job_id=job_id, attempt=1)
     return job_id
 
 
 async def bind(db: Database, job_id: str, node_id: str, gpus: list[int]) -> None:
-    epoch = await repo.acquire_lease(db, name="placement", holder="test", ttl_s=60)
+    epoch = await placement.acquire_lease(db, name="placement", holder="test", ttl_s=60)
     assert epoch is not None
-    rows = [repo.BindingRow(job_id=job_id, attempt=1, members=[{"node_id": node_id, "gpu_indices": gpus, "rank": 0}])]
-    assert await repo.commit_bindings(db, bindings=rows, pending_reasons={}, lease_name="placement", epoch=epoch)
+    rows = [placement.BindingRow(job_id=job_id, attempt=1, members=[{"node_id": node_id, "gpu_indices": gpus, "rank": 0}])]
+    assert await placement.commit_bindings(db, bindings=rows, pending_reasons={}, lease_name="placement", epoch=epoch)
 
 
 async def test_metrics_count_the_fleet_the_queue_and_the_tenants(api: httpx.AsyncClient, seeded: Database) -> None:
@@ -83,7 +83,7 @@ async def test_metrics_count_the_fleet_the_queue_and_the_tenants(api: httpx.Asyn
     )
     assert metric(values, "fairgang_requeues_total", reason="reclaim") == 0
 
-    await repo.requeue_job(seeded, job_id=running, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
+    await jobs.requeue_job(seeded, job_id=running, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
     values = scrape((await api.get("/metrics")).text)
     assert metric(values, "fairgang_requeues_total", reason="reclaim") == 1
     assert metric(values, "fairgang_gpus", gpu_type="H100-80GB", state="allocated") == 0
@@ -153,7 +153,7 @@ async def test_recent_events_show_requeues_to_their_tenant_only(api: httpx.Async
     await register(api, "h1", 0.0)
     job = await queue_job(api, seeded, ALPHA, name="moved", gpu_count=2)
     await bind(seeded, job, "h1", [0, 1])
-    await repo.requeue_job(seeded, job_id=job, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
+    await jobs.requeue_job(seeded, job_id=job, from_attempt=1, reason="preempted: reclaim: its GPUs go to j-x")
     events = (await api.get("/v1/events/recent", params={"kinds": "REQUEUED"}, headers=ALPHA)).json()
     assert [(e["job_id"], e["kind"], e["tenant"], e["name"]) for e in events] == [(job, "REQUEUED", "alpha", "moved")]
     assert events[0]["message"].startswith("preempted: reclaim") and events[0]["temporal_url"].endswith(f"/workflows/{job}")

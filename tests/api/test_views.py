@@ -22,7 +22,7 @@ from api.app import create_app
 from api.deps import AppState
 from api.metrics import WAIT_BUCKETS, preemption_reason, requeue_reason
 from fairgang.settings import Settings
-from store import repo
+from store import health, jobs, nodes, observability
 from store.db import Database
 from store.models import HealthEvent, Job, JobEvent
 from tests.api.test_api import ADMIN, ALPHA, BETA
@@ -83,7 +83,7 @@ async def test_a_view_is_stamped_when_computed_reused_and_recomputed_when_the_st
     assert computed_at(first) == computed_at(again) >= ended[0]
     assert [t["name"] for t in first.json()] == ["alpha", "beta"] and [t["name"] for t in again.json()] == ["beta"]
 
-    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")  # moves the store's version
+    await nodes.set_node_state(state.db, node_id="h1", state="CORDONED")  # moves the store's version
     after = await client.get("/v1/tenants", headers=ADMIN)
     assert state.views.computations["tenants"] == 2
     ended = times(hooks, "tenants", "ended")
@@ -102,7 +102,7 @@ async def test_concurrent_first_requests_wait_for_one_computation(served: Served
     for name in ("alpha", "beta"):
         token = ALPHA if name == "alpha" else BETA
         job = (await client.post("/v1/jobs", json=spec_dict(name=f"{name}-1", checkpoint_dir=f"/ckpt/{name}/x"), headers=token)).json()
-        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+        await jobs.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
     (hooks / "queue.sleep").write_text("0.2")  # long enough for every request to arrive while it runs
     answers = await asyncio.gather(*(client.get("/v1/queue", headers=ADMIN if i % 2 else ALPHA) for i in range(20)))
     assert len(times(hooks, "queue", "started")) == 1 and state.views.computations["queue"] == 1
@@ -119,7 +119,7 @@ async def test_a_costly_view_is_computed_off_the_api_process_and_answered_from_t
     client, state = served
     monkeypatch.setattr(views, "QUICK_CPU_S", 0.0)  # every view counts as costly
     job = (await client.post("/v1/jobs", json=spec_dict(name="mine"), headers=ALPHA)).json()["job"]
-    await repo.mark_queued(state.db, job_id=job["id"], attempt=1)
+    await jobs.mark_queued(state.db, job_id=job["id"], attempt=1)
     first = computed_at(await client.get("/v1/queue", headers=ALPHA))
 
     async def calibrated() -> bool:  # a first computation is repeated at once, to learn its steady cost
@@ -132,7 +132,7 @@ async def test_a_costly_view_is_computed_off_the_api_process_and_answered_from_t
     # The next computation blocks its thread, as a long simulation does: in the API's process, nothing would be
     # answered meanwhile.
     (hooks / "queue.block").touch()
-    await repo.set_node_state(state.db, node_id="h1", state="READY")
+    await nodes.set_node_state(state.db, node_id="h1", state="READY")
     stale = await asyncio.wait_for(client.get("/v1/queue", headers=ALPHA), 60)
     assert computed_at(stale) == second  # answered at once, from the cache
 
@@ -169,7 +169,7 @@ async def test_on_a_costly_fleet_a_view_cheap_on_its_own_is_answered_from_the_ca
     monkeypatch.setattr(views, "QUICK_CPU_S", (max(costs) + sum(costs)) / 2)  # each view cheap, all of them not
     before = computed_at(await client.get("/v1/tenants", headers=ADMIN))
     (hooks / "tenants.block").touch()
-    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    await nodes.set_node_state(state.db, node_id="h1", state="CORDONED")
     answer = await asyncio.wait_for(client.get("/v1/tenants", headers=ADMIN), 30)
     assert computed_at(answer) == before  # the cached one, while the worker recomputes
     (hooks / "tenants.release").touch()
@@ -198,7 +198,7 @@ async def test_a_killed_worker_is_answered_503_then_replaced(served: Served, hoo
     assert state.views.cached("tenants").pid == pid  # type: ignore[union-attr]
     # A request waits for the worker (blocked in a computation after a change); the worker is killed meanwhile.
     (hooks / "tenants.block").touch()
-    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    await nodes.set_node_state(state.db, node_id="h1", state="CORDONED")
     waiting = asyncio.ensure_future(client.get("/v1/tenants", headers=ADMIN))
 
     async def blocked() -> bool:
@@ -252,7 +252,7 @@ REQUEUED = [
 
 
 async def test_event_counters_in_sql_match_counting_every_message(seeded: Database) -> None:
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="events"), tenant="alpha")
+    job, _ = await jobs.create_job(seeded, spec=job_spec(name="events"), tenant="alpha")
     rows = [("PREEMPTING", m) for m in PREEMPTING] + [("REQUEUED", m) for m in REQUEUED] + [("REQUEUED", REQUEUED[0])] * 3
     async with seeded.transaction() as session:
         for i, (kind, message) in enumerate(rows):
@@ -264,11 +264,11 @@ async def test_event_counters_in_sql_match_counting_every_message(seeded: Databa
         reason = preemption_reason(message) if kind == "PREEMPTING" else requeue_reason(message)
         expected[(kind, reason)] = expected.get((kind, reason), 0) + 1
     counted: dict[tuple[str, str], int] = {}
-    for kind, head, n in await repo.event_message_heads(seeded, ["PREEMPTING", "REQUEUED"]):
+    for kind, head, n in await observability.event_message_heads(seeded, ["PREEMPTING", "REQUEUED"]):
         reason = preemption_reason(head) if kind == "PREEMPTING" else requeue_reason(head)
         counted[(kind, reason)] = counted.get((kind, reason), 0) + n
     assert counted == expected
-    assert await repo.health_event_counts(seeded) == {"cordon": 1, "xid": 2, "uncordon": 1}
+    assert await health.health_event_counts(seeded) == {"cordon": 1, "xid": 2, "uncordon": 1}
 
 
 async def test_queue_wait_histogram_in_sql_matches_every_wait(seeded: Database) -> None:
@@ -276,14 +276,14 @@ async def test_queue_wait_histogram_in_sql_matches_every_wait(seeded: Database) 
     waits = [(1, 5.0), (1, 10.0), (2, 45.5), (2, 7200.0), (16, 100000.0), (1, -1.0)]  # the last never started on this attempt
     expected: dict[tuple[str, str, int], list[float]] = {}
     for i, (gpus, wait) in enumerate(waits):
-        job, _ = await repo.create_job(seeded, spec=job_spec(name=f"w{i}", gpu_count=gpus), tenant="alpha")
+        job, _ = await jobs.create_job(seeded, spec=job_spec(name=f"w{i}", gpu_count=gpus), tenant="alpha")
         async with seeded.transaction() as session:
             row = await session.get(Job, job.id)
             assert row is not None
             row.queued_at, row.started_at, row.state = now - 200000, now - 200000 + wait, "RUNNING"
         if wait >= 0:
             expected.setdefault(("alpha", "H100-80GB", gpus), []).append(wait)
-    got = {(w.tenant, w.gpu_type, w.gpu_count): w for w in await repo.started_attempt_waits(seeded, WAIT_BUCKETS)}
+    got = {(w.tenant, w.gpu_type, w.gpu_count): w for w in await observability.started_attempt_waits(seeded, WAIT_BUCKETS)}
     assert set(got) == set(expected)
     for key, values in expected.items():
         assert got[key].count == len(values)
@@ -296,7 +296,7 @@ async def test_every_view_is_computed_in_the_worker_with_the_answer_an_in_proces
     for name, token in (("a1", ALPHA), ("b1", BETA), ("a2", ALPHA)):
         tenant = "alpha" if token is ALPHA else "beta"
         job = (await client.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=token)).json()
-        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+        await jobs.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
     answer = (await client.get("/v1/queue", headers=ADMIN)).json()
     expected = await insight.queue_view(state.db, state.settings)
     assert [(e["position"], e["job"]["id"]) for e in answer] == sorted((p, j) for j, p in expected.position.items())
@@ -329,12 +329,12 @@ async def test_a_costly_simulation_runs_in_a_process_of_its_own_with_the_same_an
     for name, token in (("a1", ALPHA), ("b1", BETA), ("a2", ALPHA)):
         tenant = "alpha" if token is ALPHA else "beta"
         job = (await client.post("/v1/jobs", json=spec_dict(name=name, checkpoint_dir=f"/ckpt/{tenant}/x"), headers=token)).json()
-        await repo.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
+        await jobs.mark_queued(state.db, job_id=job["job"]["id"], attempt=1)
     in_thread = (await client.get("/v1/queue", headers=ADMIN)).json()
     assert [e["job"]["name"] for e in in_thread] == ["a1", "b1", "a2"]
     worker = state.views.worker_pid
     assert worker is not None
-    await repo.set_node_state(state.db, node_id="h1", state="CORDONED")
+    await nodes.set_node_state(state.db, node_id="h1", state="CORDONED")
 
     async def in_process() -> bool:
         await client.get("/v1/queue", headers=ADMIN)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from fairgang.cluster import ClusterConfig
-from store import repo
+from store import tenants
 from store.db import Database
 from tests.builders import max_overlap
 from tests.conftest import small_cluster
@@ -44,7 +44,7 @@ def set_policy(p: Platform, cluster: ClusterConfig) -> None:
     async def seed() -> None:
         db = Database(p.store_url)
         try:
-            await repo.seed_cluster(db, cluster)
+            await tenants.seed_cluster(db, cluster)
         finally:
             await db.dispose()
 

@@ -20,7 +20,8 @@ from fairgang.settings import SEARCH_ATTRIBUTES, Settings
 from fairgang.spec import JobState
 from scheduler import service as service_module
 from scheduler.service import LEASE_NAME, PlacementService
-from store import repo
+from store import jobs as stored_jobs
+from store import nodes, placement
 from store.db import Database
 from store.models import Job
 from tests.builders import job_spec
@@ -39,7 +40,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
 
 async def _register_all(db: Database) -> None:
     for node_id, gpu_type, count in (("h1", "H100-80GB", 8), ("h2", "H100-80GB", 8), ("g1", "L40S", 4)):
-        await repo.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[])
+        await nodes.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[])
 
 
 async def test_service_wakes_on_a_queued_job_not_only_on_its_tick(seeded: Database, db_url: str, temporal_env: WorkflowEnvironment) -> None:
@@ -49,15 +50,15 @@ async def test_service_wakes_on_a_queued_job_not_only_on_its_tick(seeded: Databa
     task = asyncio.create_task(service.serve())
     try:
         await asyncio.sleep(1.0)  # the first cycle runs at start; after it only a wake-up can bind
-        job, _ = await repo.create_job(seeded, spec=job_spec(name="wake"), tenant="alpha")
-        await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+        job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="wake"), tenant="alpha")
+        await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
         for _ in range(200):
-            if await repo.job_allocations(seeded, job.id):
+            if await stored_jobs.job_allocations(seeded, job.id):
                 break
             await asyncio.sleep(0.05)
-        [alloc] = await repo.job_allocations(seeded, job.id)
+        [alloc] = await stored_jobs.job_allocations(seeded, job.id)
         assert alloc.state == "BOUND" and alloc.members[0]["node_id"] == "h1"
-        assert (await repo.get_job(seeded, job.id)).state == "PLACED"  # type: ignore[union-attr]
+        assert (await stored_jobs.get_job(seeded, job.id)).state == "PLACED"  # type: ignore[union-attr]
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -70,10 +71,10 @@ async def test_only_the_lease_holder_commits(seeded: Database, db_url: str, temp
     leader = PlacementService(settings, seeded, temporal_env.client, holder="leader")
     follower = PlacementService(settings, seeded, temporal_env.client, holder="follower")
     assert (await leader.cycle()).leader
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="one"), tenant="alpha")
-    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="one"), tenant="alpha")
+    await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
     report = await follower.cycle()
-    assert not report.leader and await repo.job_allocations(seeded, job.id) == []
+    assert not report.leader and await stored_jobs.job_allocations(seeded, job.id) == []
     assert (await leader.cycle()).bound == 1
 
 
@@ -82,12 +83,12 @@ async def test_pending_reason_is_recorded_for_jobs_that_cannot_fit(
 ) -> None:
     await _register_all(seeded)
     service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, temporal_env.client, holder="s")
-    big, _ = await repo.create_job(seeded, spec=job_spec(name="big", gpu_type="L40S", gpu_count=4), tenant="alpha")
-    bigger, _ = await repo.create_job(seeded, spec=job_spec(name="bigger", gpu_type="L40S", gpu_count=4), tenant="alpha")
+    big, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="big", gpu_type="L40S", gpu_count=4), tenant="alpha")
+    bigger, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="bigger", gpu_type="L40S", gpu_count=4), tenant="alpha")
     for job in (big, bigger):
-        await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+        await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
     assert (await service.cycle()).bound == 1
-    waiting = await repo.get_job(seeded, bigger.id)
+    waiting = await stored_jobs.get_job(seeded, bigger.id)
     assert waiting is not None and waiting.pending_reason == "no L40S node has 4 free GPUs"
 
 
@@ -111,8 +112,8 @@ async def test_leader_cycles_are_counted_in_the_scheduling_metrics(
             "fairgang_scheduler_bindings_total",
         )
     )
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="counted"), tenant="alpha")
-    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="counted"), tenant="alpha")
+    await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
     assert (await service.cycle()).bound == 1
     assert sample("fairgang_scheduling_cycle_seconds_count") == cycles + 1
     assert sample("fairgang_scheduling_decision_seconds_count") == decisions + 1
@@ -126,22 +127,22 @@ async def test_reconciler_resignals_bindings_their_workflow_has_not_acknowledged
     await _register_all(seeded)
     settings = Settings(database_url=db_url, node_stale_after_s=1e12, scheduler_resignal_after_s=5)
     service = PlacementService(settings, seeded, temporal_env.client, holder="s")
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="unacked"), tenant="alpha")
-    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="unacked"), tenant="alpha")
+    await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
     now = time.time()
     first = await service.cycle(now=now)
     assert first.bound == 1 and first.resignalled == 0
     # No workflow runs for this job, so nobody acknowledges the binding: it stays BOUND and is signalled again.
     assert (await service.cycle(now=now + 1)).resignalled == 0
     assert (await service.cycle(now=now + 6)).resignalled == 1
-    [alloc] = await repo.job_allocations(seeded, job.id)
+    [alloc] = await stored_jobs.job_allocations(seeded, job.id)
     # A signal that reached a workflow which does not acknowledge is sent again with backoff: it had waited 6 s
     # before that signal, so it waits 6 s more before the next (a failed signal, as here, is tried every cycle).
-    await repo.mark_signalled(seeded, [alloc.id], now + 6)
+    await placement.mark_signalled(seeded, [alloc.id], now + 6)
     assert (await service.cycle(now=now + 11.5)).resignalled == 0  # past the 5 s, not yet past the 6 s
     assert (await service.cycle(now=now + 12.5)).resignalled == 1
     assert alloc.state == "BOUND"
-    await repo.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
+    await stored_jobs.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
     assert (await service.cycle(now=now + 40)).resignalled == 0
 
 
@@ -156,13 +157,13 @@ async def test_reconciler_starts_a_missing_workflow_once_and_a_repeated_start_is
     client = temporal_env.client
     settings = Settings(database_url=db_url, node_stale_after_s=3600)
     service = PlacementService(settings, seeded, client, holder="s")
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="orphan"), tenant="alpha")
+    job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="orphan"), tenant="alpha")
     assert not job.workflow_started
     now = time.time()
     # Too young: the API may still be starting it.
     assert (await service.cycle(now=now)).started_workflows == 0
     assert (await service.cycle(now=now + 10)).started_workflows == 1
-    stored = await repo.get_job(seeded, job.id)
+    stored = await stored_jobs.get_job(seeded, job.id)
     assert stored is not None and stored.workflow_started
     run_id = (await client.get_workflow_handle(job.id).describe()).run_id
     # The next cycle leaves it alone.
@@ -198,22 +199,22 @@ async def test_service_wakes_when_capacity_frees_not_only_on_its_tick(
 
     task = asyncio.create_task(service.serve())
     try:
-        a, _ = await repo.create_job(seeded, spec=job_spec(name="a", gpu_type="L40S", gpu_count=4), tenant="alpha")
-        await repo.mark_queued(seeded, job_id=a.id, attempt=1)
-        await until(lambda: repo.job_allocations(seeded, a.id), "A to be bound")
-        b, _ = await repo.create_job(seeded, spec=job_spec(name="b", gpu_type="L40S", gpu_count=4), tenant="alpha")
-        await repo.mark_queued(seeded, job_id=b.id, attempt=1)
+        a, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="a", gpu_type="L40S", gpu_count=4), tenant="alpha")
+        await stored_jobs.mark_queued(seeded, job_id=a.id, attempt=1)
+        await until(lambda: stored_jobs.job_allocations(seeded, a.id), "A to be bound")
+        b, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="b", gpu_type="L40S", gpu_count=4), tenant="alpha")
+        await stored_jobs.mark_queued(seeded, job_id=b.id, attempt=1)
 
         async def b_waits() -> bool:  # a cycle has seen B and left it waiting, with the reason
-            job = await repo.get_job(seeded, b.id)
+            job = await stored_jobs.get_job(seeded, b.id)
             return job is not None and job.pending_reason not in (None, "waiting for placement", "waiting for its workflow to start")
 
         await until(b_waits, "B's pending reason")
         await asyncio.sleep(1.0)  # every wake-up so far has been served: from here only a new change can bind B
-        assert await repo.job_allocations(seeded, b.id) == []
-        await repo.record_transition(seeded, job_id=a.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
-        await until(lambda: repo.job_allocations(seeded, b.id), "B to be bound after A ended (the tick is an hour)")
-        [alloc] = await repo.job_allocations(seeded, b.id)
+        assert await stored_jobs.job_allocations(seeded, b.id) == []
+        await stored_jobs.record_transition(seeded, job_id=a.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
+        await until(lambda: stored_jobs.job_allocations(seeded, b.id), "B to be bound after A ended (the tick is an hour)")
+        [alloc] = await stored_jobs.job_allocations(seeded, b.id)
         assert alloc.members[0]["node_id"] == "g1" and sorted(alloc.members[0]["gpu_indices"]) == [0, 1, 2, 3]
     finally:
         task.cancel()
@@ -234,7 +235,7 @@ class _CheckingClient:
 
         class Handle:
             async def signal(self, name: str, arg: Any) -> None:
-                allocs = await repo.job_allocations(outer.db, job_id)
+                allocs = await stored_jobs.job_allocations(outer.db, job_id)
                 outer.committed_when_signalled.append(any(a.id == arg.allocation_id and a.state == "BOUND" for a in allocs))
                 outer.signals.append((name, arg))
 
@@ -247,26 +248,26 @@ async def test_bindings_are_committed_before_their_signal_and_a_lost_lease_signa
     await _register_all(seeded)
     client = _CheckingClient(seeded)
     service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, client, holder="s")  # type: ignore[arg-type]
-    job, _ = await repo.create_job(seeded, spec=job_spec(name="ordered"), tenant="alpha")
-    await repo.mark_queued(seeded, job_id=job.id, attempt=1)
+    job, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="ordered"), tenant="alpha")
+    await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
     assert (await service.cycle()).bound == 1
     assert [name for name, _ in client.signals] == ["place"] and client.committed_when_signalled == [True]
 
     # Another placement service takes the lease over while this one decides: its commit is refused, so nothing is signalled.
-    other, _ = await repo.create_job(seeded, spec=job_spec(name="fenced"), tenant="alpha")
-    await repo.mark_queued(seeded, job_id=other.id, attempt=1)
+    other, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="fenced"), tenant="alpha")
+    await stored_jobs.mark_queued(seeded, job_id=other.id, attempt=1)
     real_read = service.reader.read
 
     async def snapshot_then_lose_the_lease(*args: Any, **kwargs: Any) -> Any:
         snapshot = await real_read(*args, **kwargs)
         later = time.time() + 10 * service.lease_ttl_s
-        assert await repo.acquire_lease(seeded, name=LEASE_NAME, holder="usurper", ttl_s=service.lease_ttl_s, now=later) is not None
+        assert await placement.acquire_lease(seeded, name=LEASE_NAME, holder="usurper", ttl_s=service.lease_ttl_s, now=later) is not None
         return snapshot
 
     monkeypatch.setattr(service.reader, "read", snapshot_then_lose_the_lease)
     report = await service.cycle()
     assert not report.leader and report.bound == 0
-    assert len(client.signals) == 1 and await repo.job_allocations(seeded, other.id) == []
+    assert len(client.signals) == 1 and await stored_jobs.job_allocations(seeded, other.id) == []
 
 
 async def test_reconciler_absorbs_a_backlog_in_bounded_batches_oldest_first(
@@ -276,13 +277,13 @@ async def test_reconciler_absorbs_a_backlog_in_bounded_batches_oldest_first(
     monkeypatch.setattr(service_module, "RECONCILE_BATCH", 2)
     service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, temporal_env.client, holder="s")
     now = time.time()
-    jobs = [(await repo.create_job(seeded, spec=job_spec(name=f"backlog-{i}"), tenant="alpha", now=now + i))[0] for i in range(5)]
+    jobs = [(await stored_jobs.create_job(seeded, spec=job_spec(name=f"backlog-{i}"), tenant="alpha", now=now + i))[0] for i in range(5)]
     assert (await service.cycle(now=now + 60)).started_workflows == 2
-    assert [(await repo.get_job(seeded, j.id)).workflow_started for j in jobs] == [True, True, False, False, False]  # type: ignore[union-attr]
+    assert [(await stored_jobs.get_job(seeded, j.id)).workflow_started for j in jobs] == [True, True, False, False, False]  # type: ignore[union-attr]
     started = [(await service.cycle(now=now + 61 + k)).started_workflows for k in range(3)]
     assert started == [2, 1, 0]
     for job in jobs:
-        stored = await repo.get_job(seeded, job.id)
+        stored = await stored_jobs.get_job(seeded, job.id)
         assert stored is not None and stored.workflow_started
         assert await _workflow_count(temporal_env.client, job.id) == 1 or await _eventually_counted(temporal_env.client, job.id)
 

@@ -26,7 +26,9 @@ from fairgang.spec import JobState
 from scheduler.core import Member, NodeView, PendingJob, Quota, RunningJob, Scheduler, SchedulerConfig, Snapshot, TenantView
 from scheduler.service import LEASE_NAME, commit
 from scheduler.snapshot import SnapshotReader
-from store import repo, usage
+from store import common, health, jobs, placement, usage
+from store import nodes as stored_nodes
+from store import tenants as stored_tenants
 from store.db import Database
 from store.models import Allocation, Job
 from tests.builders import job_spec
@@ -40,13 +42,13 @@ STALE = 1e12
 async def _from_scratch(db: Database, *, now: float, stale_after_s: float, config: SchedulerConfig) -> Snapshot:
     """The snapshot as the placement service used to build it every cycle: every row as an ORM object, usage
     integrated from every allocation (here without the old 8-half-life horizon, which the ledger does not have)."""
-    used = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(db)}
+    used = {(g.node_id, g.gpu_index) for g in await placement.live_allocation_gpus(db)}
     healthy: dict[str, set[int]] = {}
-    for gpu in await repo.list_gpus(db):
+    for gpu in await stored_nodes.list_gpus(db):
         if gpu.healthy:
             healthy.setdefault(gpu.node_id, set()).add(gpu.index)
     nodes = []
-    for node in await repo.list_nodes(db):
+    for node in await stored_nodes.list_nodes(db):
         fresh = node.last_heartbeat is not None and now - node.last_heartbeat <= stale_after_s
         free = frozenset(i for i in healthy.get(node.id, set()) if (node.id, i) not in used and i < node.gpu_count)
         labels = tuple(sorted(node.labels.items()))
@@ -55,7 +57,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
             NodeView(id=node.id, gpu_type=node.gpu_type, gpu_count=node.gpu_count, labels=labels, free=free, schedulable=schedulable)
         )
     pending = []
-    for job in await repo.queued_jobs(db):
+    for job in await jobs.queued_jobs(db):
         topology = job.spec.get("topology") or {}
         pending.append(
             PendingJob(
@@ -87,7 +89,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
         if gpus and weight > 0:
             per_type = decayed.setdefault(job.tenant, {})
             per_type[job.gpu_type] = per_type.get(job.gpu_type, 0.0) + gpus * weight
-        if alloc.state not in repo.LIVE_ALLOCATION_STATES:
+        if alloc.state not in common.LIVE_ALLOCATION_STATES:
             continue
         started = job.started_at if job.started_at is not None and job.attempt == alloc.attempt else alloc.created_at
         members = tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members)
@@ -117,7 +119,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
             ),
             decayed_usage=tuple(sorted(decayed.get(t.name, {}).items())),
         )
-        for t in await repo.list_tenants(db)
+        for t in await stored_tenants.list_tenants(db)
     )
     return Snapshot(nodes=tuple(nodes), pending=tuple(pending), tenants=tenants, running=tuple(running), config=config)
 
@@ -146,9 +148,9 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
     rng = random.Random(seed)
     now = 1_000_000.0
     for node_id, gpu_type, count in (("h1", "H100-80GB", 8), ("h2", "H100-80GB", 8), ("g1", "L40S", 4)):
-        await repo.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[], now=now)
+        await stored_nodes.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[], now=now)
     # A node whose GPU rows are not 0..n-1 (an agent that reported only some of its GPUs).
-    await repo.register_node(
+    await stored_nodes.register_node(
         db, node_id="x1", gpu_type="L40S", gpu_count=4, labels={"leaf": "l2"}, boot_id="b", gpus=[{"index": 0}, {"index": 2}], now=now
     )
     reader, core = SnapshotReader(), Scheduler()
@@ -172,8 +174,8 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
                     max_runtime=rng.choice(["10m", "1h", "4h"]),
                     preemptible=rng.random() < 0.8,
                 )
-                job, _ = await repo.create_job(db, spec=spec, tenant=rng.choice(["alpha", "beta"]), now=now)
-                await repo.mark_queued(db, job_id=job.id, attempt=1, now=now)
+                job, _ = await jobs.create_job(db, spec=spec, tenant=rng.choice(["alpha", "beta"]), now=now)
+                await jobs.mark_queued(db, job_id=job.id, attempt=1, now=now)
         elif action == "cycle":
             kept = await reader.read(db, now=now, stale_after_s=STALE, config=CONFIG)
             fresh = await _from_scratch(db, now=now, stale_after_s=STALE, config=CONFIG)
@@ -182,38 +184,38 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
             decided = core.run_cycle(kept, now)
             assert decided == Scheduler().run_cycle(fresh, now)
             compared += 1
-            epoch = await repo.acquire_lease(db, name=LEASE_NAME, holder="walk", ttl_s=1e9, now=now)
+            epoch = await placement.acquire_lease(db, name=LEASE_NAME, holder="walk", ttl_s=1e9, now=now)
             assert epoch is not None
             await commit(db, decided, reader, epoch=epoch, now=now)  # as the placement service commits
         else:
-            running = [j for j in await repo.list_jobs(db, limit=1000) if j.state in ("PLACED", "RUNNING")]
+            running = [j for j in await jobs.list_jobs(db, limit=1000) if j.state in ("PLACED", "RUNNING")]
             if action == "run" and running:
                 job = rng.choice(running)
-                await repo.record_transition(
+                await jobs.record_transition(
                     db, job_id=job.id, attempt=job.attempt, state=JobState.RUNNING, event_key=f"r{job.attempt}", now=now
                 )
             elif action == "checkpoint" and running:
                 job = rng.choice(running)
-                await repo.set_latest_checkpoint(db, job_id=job.id, checkpoint=f"/ckpt/{job.id}/{now}", now=now)
+                await jobs.set_latest_checkpoint(db, job_id=job.id, checkpoint=f"/ckpt/{job.id}/{now}", now=now)
             elif action == "end" and running:
                 job = rng.choice(running)
                 state = rng.choice([JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
-                await repo.record_transition(db, job_id=job.id, attempt=job.attempt, state=state, event_key="end", now=now)
+                await jobs.record_transition(db, job_id=job.id, attempt=job.attempt, state=state, event_key="end", now=now)
             elif action == "revoke" and running:
                 job = rng.choice(running)
-                live = [a for a in await repo.job_allocations(db, job.id) if a.state in repo.LIVE_ALLOCATION_STATES]
+                live = [a for a in await jobs.job_allocations(db, job.id) if a.state in common.LIVE_ALLOCATION_STATES]
                 if live:
-                    await repo.revoke_allocation(db, job_id=job.id, allocation_id=live[-1].id, reason="walk", now=now)
+                    await placement.revoke_allocation(db, job_id=job.id, allocation_id=live[-1].id, reason="walk", now=now)
             elif action == "requeue" and running:
                 job = rng.choice(running)
-                await repo.requeue_job(db, job_id=job.id, from_attempt=job.attempt, reason="preempted: walk", now=now)
+                await jobs.requeue_job(db, job_id=job.id, from_attempt=job.attempt, reason="preempted: walk", now=now)
             elif action == "fault":
                 node_id = rng.choice(["h1", "h2", "g1"])
-                await repo.set_gpu_health(db, node_id=node_id, index=rng.randrange(4), healthy=rng.random() < 0.5)
+                await health.set_gpu_health(db, node_id=node_id, index=rng.randrange(4), healthy=rng.random() < 0.5)
             elif action == "cordon":
-                await repo.set_node_state(db, node_id=rng.choice(["h1", "h2", "g1"]), state=rng.choice(["CORDONED", "READY"]))
+                await stored_nodes.set_node_state(db, node_id=rng.choice(["h1", "h2", "g1"]), state=rng.choice(["CORDONED", "READY"]))
             elif action == "quota":
-                await repo.seed_cluster(db, _changed_cluster(rng), now=now)
+                await stored_tenants.seed_cluster(db, _changed_cluster(rng), now=now)
             elif action == "restart":
                 reader, core = SnapshotReader(), Scheduler()
         # The ledger equals the integral over every allocation at any moment.

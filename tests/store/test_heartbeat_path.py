@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlalchemy import event
 
-from store import repo
+from store import health as stored_health
+from store import jobs, nodes, placement
 from store.db import Database
 from tests.builders import job_spec
 
@@ -48,22 +49,22 @@ async def _fleet_with_allocations(db: Database) -> str:
     """h1 and h2 registered, one live allocation on each and a released one on h1; returns h1's live allocation id."""
     for node in ("h1", "h2"):
         gpus = [{"index": i, "health": dict(HEALTH)} for i in range(8)]
-        await repo.register_node(db, node_id=node, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id=f"boot-{node}", gpus=gpus)
-    epoch = await repo.acquire_lease(db, name="placement", holder="me", ttl_s=60)
+        await nodes.register_node(db, node_id=node, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id=f"boot-{node}", gpus=gpus)
+    epoch = await placement.acquire_lease(db, name="placement", holder="me", ttl_s=60)
     assert epoch is not None
     live = ""
     for i, node in enumerate(("h1", "h1", "h2")):
-        job, _ = await repo.create_job(db, spec=job_spec(name=f"j{i}"), tenant="alpha")
-        await repo.mark_queued(db, job_id=job.id, attempt=1)
-        [alloc] = await repo.commit_bindings(
+        job, _ = await jobs.create_job(db, spec=job_spec(name=f"j{i}"), tenant="alpha")
+        await jobs.mark_queued(db, job_id=job.id, attempt=1)
+        [alloc] = await placement.commit_bindings(
             db,
-            bindings=[repo.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": node, "gpu_indices": [i], "rank": 0}])],
+            bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": node, "gpu_indices": [i], "rank": 0}])],
             pending_reasons={},
             lease_name="placement",
             epoch=epoch,
         )
         if i == 0:
-            assert await repo.release_allocation(db, job_id=job.id, allocation_id=alloc.id)
+            assert await placement.release_allocation(db, job_id=job.id, allocation_id=alloc.id)
         elif node == "h1":
             live = alloc.id
     return live
@@ -100,11 +101,11 @@ async def _statements_of(db: Database, call: Callable[[], Awaitable[object]]) ->
 async def test_the_hot_allocation_queries_use_the_live_gpu_index(seeded: Database) -> None:
     await _fleet_with_allocations(seeded)
     calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "heartbeat (live allocations)": lambda: repo.node_heartbeat(seeded, node_id="h1", boot_id="boot-h1"),
-        "gpu_jobs": lambda: repo.gpu_jobs(seeded, "h1"),
-        "node_jobs": lambda: repo.node_jobs(seeded, "h1"),
-        "live_allocation_gpus": lambda: repo.live_allocation_gpus(seeded),
-        "mark_lost_nodes": lambda: repo.mark_lost_nodes(seeded, lost_after_s=-1000),
+        "heartbeat (live allocations)": lambda: nodes.node_heartbeat(seeded, node_id="h1", boot_id="boot-h1"),
+        "gpu_jobs": lambda: stored_health.gpu_jobs(seeded, "h1"),
+        "node_jobs": lambda: nodes.node_jobs(seeded, "h1"),
+        "live_allocation_gpus": lambda: placement.live_allocation_gpus(seeded),
+        "mark_lost_nodes": lambda: nodes.mark_lost_nodes(seeded, lost_after_s=-1000),
     }
     for name, call in calls.items():
         statements = [s for s in await _statements_of(seeded, call) if "allocation_gpu" in s[0]]
@@ -116,15 +117,15 @@ async def test_the_hot_allocation_queries_use_the_live_gpu_index(seeded: Databas
 
 async def test_a_heartbeat_reads_and_writes_only_its_own_node_in_one_transaction(seeded: Database) -> None:
     live = await _fleet_with_allocations(seeded)
-    version = await repo.change_version(seeded)
+    version = await placement.change_version(seeded)
     reports: dict[int, dict[str, Any]] = {i: {**HEALTH, "temperature_c": 40 + i} for i in range(8)}
 
-    def policy(gpus: dict[int, repo.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
+    def policy(gpus: dict[int, nodes.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
         assert sorted(gpus) == list(range(8))
         return {i: (health, False) for i, health in reports.items()}
 
     with Statements(seeded) as seen:
-        beat = await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=policy)
+        beat = await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=policy)
     assert beat.accepted and beat.live == [live] and beat.taken_out == []
     begins = [s for s, _, _ in seen.sent if s.split(None, 1)[0].upper() == "BEGIN"]
     assert len(begins) <= 1  # PostgreSQL's BEGIN is implicit in the driver
@@ -138,52 +139,52 @@ async def test_a_heartbeat_reads_and_writes_only_its_own_node_in_one_transaction
     assert len(seen.queries) == 4, [s for s, _, _ in seen.queries]
     for statement, plan in await _plans(seeded, seen.queries):
         assert not _full_scans(plan, seeded.sqlite), f"{statement}\n" + "\n".join(plan)
-    assert await repo.change_version(seeded) == version
-    stored = {g.index: g.health for g in await repo.list_gpus(seeded) if g.node_id == "h1"}
+    assert await placement.change_version(seeded) == version
+    stored = {g.index: g.health for g in await nodes.list_gpus(seeded) if g.node_id == "h1"}
     assert stored[3]["temperature_c"] == 43
     # Nothing written when nothing changed.
     with Statements(seeded) as seen:
-        await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=policy)
+        await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=policy)
     assert not [s for s, _, _ in seen.queries if s.startswith("UPDATE gpu")]
 
 
 async def test_a_heartbeat_taking_a_gpu_out_wakes_the_scheduler_and_names_its_jobs(seeded: Database) -> None:
     live = await _fleet_with_allocations(seeded)
-    version = await repo.change_version(seeded)
-    beat = await repo.record_heartbeat(
+    version = await placement.change_version(seeded)
+    beat = await nodes.record_heartbeat(
         seeded, node_id="h1", boot_id="boot-h1", policy=lambda gpus: {1: ({**gpus[1].health, "xid_errors": [79]}, True)}
     )
     assert beat.taken_out == [1]
     assert [(i, a) for i, _, a in beat.gpu_jobs] == [(1, 1)]
-    assert await repo.change_version(seeded) > version
-    gpus = {g.index: g for g in await repo.list_gpus(seeded) if g.node_id == "h1"}
+    assert await placement.change_version(seeded) > version
+    gpus = {g.index: g for g in await nodes.list_gpus(seeded) if g.node_id == "h1"}
     assert not gpus[1].healthy and gpus[0].healthy and gpus[1].health["xid_errors"] == [79]
     # Already out: a second fatal report takes nothing out again.
-    again = await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda gpus: {1: (gpus[1].health, True)})
+    again = await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda gpus: {1: (gpus[1].health, True)})
     assert again.taken_out == [] and again.live == [live]
     # Refused: an old boot, a node declared lost.
-    assert not (await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-old", policy=lambda g: {})).accepted
-    await repo.mark_lost_nodes(seeded, lost_after_s=-1000)
-    refused = await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda g: {})
+    assert not (await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-old", policy=lambda g: {})).accepted
+    await nodes.mark_lost_nodes(seeded, lost_after_s=-1000)
+    refused = await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda g: {})
     assert not refused.accepted and refused.live == []
 
 
 async def test_a_heartbeat_keeps_the_rows_own_injected_faults(seeded: Database) -> None:
     """The health written back carries the row's injected faults, never those of the report it was assessed from."""
     await _fleet_with_allocations(seeded)
-    assert await repo.inject_gpu_fault(seeded, node_id="h1", index=0, fault={"kind": "thermal"}) == [{"kind": "thermal"}]
-    seen: dict[int, repo.GpuHealth] = {}
+    assert await stored_health.inject_gpu_fault(seeded, node_id="h1", index=0, fault={"kind": "thermal"}) == [{"kind": "thermal"}]
+    seen: dict[int, nodes.GpuHealth] = {}
 
-    def stale(gpus: dict[int, repo.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
+    def stale(gpus: dict[int, nodes.GpuHealth]) -> dict[int, tuple[dict[str, Any], bool]]:
         seen.update(gpus)
         return {0: ({**HEALTH, "temperature_c": 50}, False)}  # a report assessed without the injection
 
-    await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=stale)
+    await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=stale)
     assert seen[0].health["injected"] == [{"kind": "thermal"}]
-    [gpu] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
+    [gpu] = [g for g in await nodes.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
     assert gpu.health["injected"] == [{"kind": "thermal"}] and gpu.health["temperature_c"] == 50
     # Returned meanwhile: a report that still carries the old fault does not bring it back.
-    await repo.set_gpu_health(seeded, node_id="h1", index=0, healthy=True, health=dict(HEALTH))
-    await repo.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda g: {0: (dict(gpu.health), False)})
-    [after] = [g for g in await repo.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
+    await stored_health.set_gpu_health(seeded, node_id="h1", index=0, healthy=True, health=dict(HEALTH))
+    await nodes.record_heartbeat(seeded, node_id="h1", boot_id="boot-h1", policy=lambda g: {0: (dict(gpu.health), False)})
+    [after] = [g for g in await nodes.list_gpus(seeded) if g.node_id == "h1" and g.index == 0]
     assert "injected" not in after.health

@@ -11,7 +11,8 @@ import pytest
 from alembic import command
 
 from fairgang.spec import JobState
-from store import repo, usage
+from store import jobs as stored_jobs
+from store import tenants, usage
 from store.db import Database, alembic_config, migrate
 from store.models import Allocation, AllocationGpu, Job
 from tests.builders import job_spec
@@ -33,7 +34,7 @@ async def old_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
 async def test_an_upgrade_keeps_every_job_and_builds_the_usage_ledger_from_the_history(old_url: str) -> None:
     db = Database(old_url)
     try:
-        await repo.seed_cluster(db, small_cluster(), now=1000.0)
+        await tenants.seed_cluster(db, small_cluster(), now=1000.0)
         # Rows as the old schema's code wrote them (its commit and release knew no ledger).
         async with db.transaction() as session:
             for i in range(12):
@@ -76,7 +77,7 @@ async def test_an_upgrade_keeps_every_job_and_builds_the_usage_ledger_from_the_h
     await migrate(old_url)
     db = Database(old_url)
     try:
-        jobs = await repo.list_jobs(db, limit=100)
+        jobs = await stored_jobs.list_jobs(db, limit=100)
         assert sorted(j.id for j in jobs) == sorted(f"j-old-{i}" for i in range(12))
         assert {j.state for j in jobs} == {"SUCCEEDED", "RUNNING"}
         now = 5000.0
@@ -86,7 +87,7 @@ async def test_an_upgrade_keeps_every_job_and_builds_the_usage_ledger_from_the_h
         for tenant in history:
             assert ledger[tenant] == pytest.approx(history[tenant], rel=1e-9)
         # From here on the store keeps it: a running job's end moves its GPUs from live to closed.
-        await repo.record_transition(db, job_id="j-old-9", attempt=1, state=JobState.SUCCEEDED, event_key="end", now=now)
+        await stored_jobs.record_transition(db, job_id="j-old-9", attempt=1, state=JobState.SUCCEEDED, event_key="end", now=now)
         later = now + 600.0
         ledger = await usage.usage(db, half_life=3600.0, now=later)
         history = await usage.from_history(db, half_life=3600.0, now=later)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 
 from fairgang.spec import JobState
-from store import repo
+from store import jobs, nodes, placement
 from store.db import Database
 from tests.builders import job_spec
 
@@ -19,15 +19,19 @@ NODE = {"Authorization": "Bearer node-token"}
 
 async def _running_job(db: Database, name: str, gpu: int) -> tuple[str, str]:
     """A job bound to h1's GPU ``gpu`` and acknowledged; returns (job id, allocation id)."""
-    job, _ = await repo.create_job(db, spec=job_spec(name=name), tenant="alpha")
-    await repo.mark_queued(db, job_id=job.id, attempt=1)
-    epoch = await repo.acquire_lease(db, name="placement", holder="t", ttl_s=60)
+    job, _ = await jobs.create_job(db, spec=job_spec(name=name), tenant="alpha")
+    await jobs.mark_queued(db, job_id=job.id, attempt=1)
+    epoch = await placement.acquire_lease(db, name="placement", holder="t", ttl_s=60)
     assert epoch is not None
     members = [{"node_id": "h1", "gpu_indices": [gpu], "rank": 0}]
-    [alloc] = await repo.commit_bindings(
-        db, bindings=[repo.BindingRow(job_id=job.id, attempt=1, members=members)], pending_reasons={}, lease_name="placement", epoch=epoch
+    [alloc] = await placement.commit_bindings(
+        db,
+        bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=members)],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
     )
-    await repo.record_transition(db, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
+    await jobs.record_transition(db, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-1", allocation_id=alloc.id)
     return job.id, alloc.id
 
 
@@ -36,7 +40,7 @@ def _registration(boot: str, running: list[str]) -> dict[str, object]:
 
 
 async def _fenced_events(db: Database, job_id: str) -> list[str]:
-    return [e.message for e in await repo.job_events(db, job_id) if e.kind == "FENCED"]
+    return [e.message for e in await jobs.job_events(db, job_id) if e.kind == "FENCED"]
 
 
 async def test_the_answer_names_what_the_store_no_longer_holds_and_logs_it(api: httpx.AsyncClient, seeded: Database) -> None:
@@ -47,9 +51,9 @@ async def test_the_answer_names_what_the_store_no_longer_holds_and_logs_it(api: 
     assert answer["accepted"] and answer["fence"] == []
     assert set(answer["live_allocations"]) == {kept_alloc, revoked_alloc, released_alloc}
 
-    assert await repo.revoke_allocation(seeded, job_id=revoked, allocation_id=revoked_alloc, reason="member 0 lost")
-    assert not await repo.revoke_allocation(seeded, job_id=revoked, allocation_id=revoked_alloc, reason="again")  # idempotent
-    assert await repo.release_allocation(seeded, job_id=released, allocation_id=released_alloc)
+    assert await placement.revoke_allocation(seeded, job_id=revoked, allocation_id=revoked_alloc, reason="member 0 lost")
+    assert not await placement.revoke_allocation(seeded, job_id=revoked, allocation_id=revoked_alloc, reason="again")  # idempotent
+    assert await placement.release_allocation(seeded, job_id=released, allocation_id=released_alloc)
     running = [kept_alloc, revoked_alloc, released_alloc, "a-unknown"]
     for _ in range(2):  # a repeated report logs nothing new
         beat = await api.post("/v1/nodes/h1/heartbeat", json={"boot_id": "boot-1", "running": running}, headers=NODE)
@@ -62,20 +66,20 @@ async def test_the_answer_names_what_the_store_no_longer_holds_and_logs_it(api: 
     assert message == f"node h1 still ran allocation {revoked_alloc} (revoked): its agent kills it"
     assert len(await _fenced_events(seeded, released)) == 1
     # A revoked allocation keeps its GPU until the job is queued again (then it is released).
-    held = {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(seeded)}
+    held = {(g.node_id, g.gpu_index) for g in await placement.live_allocation_gpus(seeded)}
     assert held == {("h1", 0), ("h1", 1)}
-    await repo.requeue_job(seeded, job_id=revoked, from_attempt=1, reason="lost")
-    assert [a.state for a in await repo.job_allocations(seeded, revoked)] == ["RELEASED"]
-    assert {(g.node_id, g.gpu_index) for g in await repo.live_allocation_gpus(seeded)} == {("h1", 0)}
+    await jobs.requeue_job(seeded, job_id=revoked, from_attempt=1, reason="lost")
+    assert [a.state for a in await jobs.job_allocations(seeded, revoked)] == ["RELEASED"]
+    assert {(g.node_id, g.gpu_index) for g in await placement.live_allocation_gpus(seeded)} == {("h1", 0)}
 
 
 async def test_a_lost_node_holds_nothing_whatever_its_late_heartbeat_reports(api: httpx.AsyncClient, seeded: Database) -> None:
     job_id, alloc_id = await _running_job(seeded, "on-lost-node", 3)
     await api.post("/v1/nodes/register", json=_registration("boot-1", []), headers=NODE)
-    await repo.mark_lost_nodes(seeded, lost_after_s=0.0, now=1e13)
+    await nodes.mark_lost_nodes(seeded, lost_after_s=0.0, now=1e13)
     late = (await api.post("/v1/nodes/h1/heartbeat", json={"boot_id": "boot-1", "running": [alloc_id]}, headers=NODE)).json()
     assert not late["accepted"] and late["live_allocations"] == [] and late["fence"] == [alloc_id]
-    node = next(n for n in await repo.list_nodes(seeded) if n.id == "h1")
+    node = next(n for n in await nodes.list_nodes(seeded) if n.id == "h1")
     assert node.state == "LOST"  # the late heartbeat revived nothing
     # Registering again (the agent resumed, or restarted) brings the node back empty-handed.
     again = (await api.post("/v1/nodes/register", json=_registration("boot-1", [alloc_id]), headers=NODE)).json()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from store import repo
+from store import nodes, tenants
 from store.db import Database, migrate
 from tests.conftest import small_cluster
 
@@ -17,8 +17,8 @@ async def store(tmp_path: Path) -> AsyncIterator[Database]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'wf.db'}"
     await migrate(url)
     db = Database(url)
-    await repo.seed_cluster(db, small_cluster())
+    await tenants.seed_cluster(db, small_cluster())
     for node_id in ("h1", "h2"):
-        await repo.register_node(db, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=1e12)
+        await nodes.register_node(db, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=1e12)
     yield db
     await db.dispose()

@@ -21,7 +21,7 @@ from activities.store import StoreActivities
 from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
-from store import repo
+from store import jobs, placement
 from store.db import Database
 from tests.builders import job_spec
 from workflows import starter
@@ -65,7 +65,7 @@ Handle = WorkflowHandle[TrainingJobWorkflow, JobOutcome]
 
 
 async def _start(client: Client, db: Database, settings: Settings, name: str) -> tuple[str, Handle]:
-    job, _ = await repo.create_job(db, spec=job_spec(name=name, max_runtime="3h", grace_period="1s"), tenant="alpha")
+    job, _ = await jobs.create_job(db, spec=job_spec(name=name, max_runtime="3h", grace_period="1s"), tenant="alpha")
     handle = await starter.start_job_workflow(client, job, settings)
     return job.id, handle
 
@@ -88,7 +88,7 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
             job_id, handle = await _start(env.client, store, settings, f"p-{uuid.uuid4().hex[:6]}")
 
             async def queued() -> bool:
-                job = await repo.get_job(store, job_id)
+                job = await jobs.get_job(store, job_id)
                 return job is not None and job.workflow_started
 
             await _until(queued)
@@ -102,7 +102,7 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
             # The real binding, signalled three times: one launch.
             report = await PlacementService(settings, store, env.client, holder="t").cycle()
             assert report.bound == 1
-            [alloc] = await repo.job_allocations(store, job_id)
+            [alloc] = await jobs.job_allocations(store, job_id)
             for _ in range(2):
                 await starter.signal_placement(env.client, job_id=job_id, allocation_id=alloc.id, attempt=1, members=alloc.members)
 
@@ -150,10 +150,10 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
             # doubles (1 s, then 2 s), before each new attempt.
             first_gap, second_gap = node.times[1] - node.times[0], node.times[2] - node.times[1]
             assert first_gap >= 1.0 + 1.0 + FENCE_MARGIN_S + 1.0 and second_gap >= 1.0 + 1.0 + FENCE_MARGIN_S + 2.0, (first_gap, second_gap)
-            revoked = [e for e in await repo.job_events(store, job_id) if e.kind == "REVOKED"]
+            revoked = [e for e in await jobs.job_events(store, job_id) if e.kind == "REVOKED"]
             assert [e.attempt for e in revoked] == [1, 2, 3], revoked
-            job = await repo.get_job(store, job_id)
+            job = await jobs.get_job(store, job_id)
             assert job is not None and job.state == "FAILED" and job.end_reason == outcome.reason
-            assert await repo.live_allocation_gpus(store) == []
+            assert await placement.live_allocation_gpus(store) == []
     finally:
         await env.shutdown()

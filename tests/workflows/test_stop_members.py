@@ -28,7 +28,7 @@ from activities.store import StoreActivities
 from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
-from store import repo
+from store import jobs
 from store.db import Database
 from tests.builders import job_spec
 from worker_agent.launch import LaunchActivities, pid_alive
@@ -102,7 +102,7 @@ class Harness:
             name=name, entrypoint=[sys.executable, "-c", MEMBER, str(d)], gpu_count=gpus, grace_period=f"{GRACE_S:g}s",
             checkpoint_dir=f"/ckpt/alpha/{name}", env=env,
         )  # fmt: skip
-        job, _ = await repo.create_job(self.db, spec=spec, tenant="alpha")
+        job, _ = await jobs.create_job(self.db, spec=spec, tenant="alpha")
         handle = await starter.start_job_workflow(self.client, job, self.settings)
         deadline = asyncio.get_running_loop().time() + BOUND_S
         while True:
@@ -144,7 +144,7 @@ async def test_cancel_reaches_the_member_without_a_heartbeat_and_the_grace_count
     assert outcome.state == "CANCELLED" and outcome.reason == "by the test", outcome
     term = assert_stopped_after_a_whole_grace(d / "r0")
     # The end was recorded after the member was gone, so after SIGTERM + grace.
-    ended = next(e for e in await repo.job_events(harness.db, job_id) if e.kind == "CANCELLED")
+    ended = next(e for e in await jobs.job_events(harness.db, job_id) if e.kind == "CANCELLED")
     assert ended.ts >= term + GRACE_S - LAG_S
 
 
@@ -153,11 +153,11 @@ async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after
     answer = await starter.preempt(harness.client, job_id=job_id, reason="by the test")
     assert answer.accepted
     deadline = asyncio.get_running_loop().time() + BOUND_S
-    while (job := await repo.get_job(harness.db, job_id)) is None or job.attempt < 2:
+    while (job := await jobs.get_job(harness.db, job_id)) is None or job.attempt < 2:
         assert asyncio.get_running_loop().time() < deadline, job
         await asyncio.sleep(0.1)
     term = assert_stopped_after_a_whole_grace(d / "r0")
-    events = await repo.job_events(harness.db, job_id)
+    events = await jobs.job_events(harness.db, job_id)
     requeued = next(e for e in events if e.kind == "REQUEUED")
     assert requeued.message == "preempted: by the test" and requeued.ts >= term + GRACE_S - LAG_S
     # Attempt 2 waits in the queue (no placement cycle runs now): a cancel ends it.

@@ -30,6 +30,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 import workflows.sweep
 from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES
+from fairgang.spec import JobState
 from tests.builders import max_overlap
 from workflows.messages import CancelRequest, JobInput, JobOutcome
 from workflows.sweep import SweepWorkflow
@@ -70,8 +71,8 @@ class StubTrial:
         try:
             await workflow.wait_condition(lambda: self.cancel_reason is not None, timeout=hold if hold >= 0 else None)
         except TimeoutError:
-            return JobOutcome(state="SUCCEEDED", attempt=1, exit_code=0)
-        return JobOutcome(state="CANCELLED", attempt=1, reason=self.cancel_reason or "")
+            return JobOutcome(state=JobState.SUCCEEDED, attempt=1, exit_code=0)
+        return JobOutcome(state=JobState.CANCELLED, attempt=1, reason=self.cancel_reason or "")
 
 
 class FakeStore:
@@ -86,7 +87,7 @@ class FakeStore:
         self.block_index: int | None = None
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
-        #: The tenant's concurrent-job cap (like ``repo.create_job``'s): "wait" while this many trials are unfinished.
+        #: The tenant's concurrent-job cap (like ``store.jobs.create_job``'s): "wait" while this many trials are unfinished.
         self.tenant_cap: int | None = None
         #: Trials that admission refuses at start time (the tenant's policy changed), with the reason.
         self.refuse: dict[int, str] = {}

@@ -1,0 +1,291 @@
+"""Jobs: submission, reads, and every state change of a job, each logged once in its event log.
+
+A terminal transition or a requeue releases the job's live allocations in the same transaction
+(:func:`store.placement.release_live`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import func, not_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col
+
+from fairgang.spec import JobSpec, JobState
+from store.common import LIVE_ALLOCATION_STATES, TERMINAL, add_event_once, new_event, new_id
+from store.db import Database, bump_change_feed
+from store.models import Allocation, Job, JobEvent
+from store.placement import release_live
+
+
+async def create_job(
+    db: Database,
+    *,
+    spec: JobSpec,
+    tenant: str,
+    max_concurrent_jobs: int | None = None,
+    now: float | None = None,
+    job_id: str | None = None,
+) -> tuple[Job, bool]:
+    """Insert a queued job, or return the one already submitted with the same key.
+
+    The idempotency key is the client's, else the job name (SPEC R1.3). The concurrent
+    job cap is checked in the same transaction as the insert. ``job_id`` gives the job a
+    caller-chosen id (a sweep's trials: sweep id + trial index) instead of a random one.
+
+    Returns:
+        (job, created): created is False when the key was already used.
+
+    Raises:
+        AdmissionRefused: when the tenant is at its concurrent-job cap.
+    """
+    now = time.time() if now is None else now
+    key = spec.idempotency_key or f"name:{spec.name}"
+    existing = await find_job_by_key(db, tenant=tenant, key=key)
+    if existing is not None:
+        return existing, False
+    job = Job(
+        id=job_id or new_id("j"),
+        tenant=tenant,
+        name=spec.name,
+        idempotency_key=key,
+        spec=spec.model_dump(mode="json", exclude={"idempotency_key"}) | {"tenant": tenant},
+        gpu_type=spec.gpu_type,
+        gpu_count=spec.gpu_count,
+        priority=spec.priority,
+        state=JobState.QUEUED.value,
+        attempt=1,
+        pending_reason="waiting for its workflow to start",
+        created_at=now,
+        updated_at=now,
+        queued_at=now,
+    )
+    try:
+        async with db.transaction() as session:
+            if max_concurrent_jobs is not None:
+                active = (
+                    await session.execute(
+                        select(func.count()).select_from(Job).where(col(Job.tenant) == tenant, col(Job.state).not_in(TERMINAL))
+                    )
+                ).scalar_one()
+                if active >= max_concurrent_jobs:
+                    raise AdmissionRefused(
+                        "tenant",
+                        f"tenant '{tenant}' already has {active} unfinished jobs (limit {max_concurrent_jobs})",
+                    )
+            session.add(job)
+            await session.flush()
+            session.add(new_event(job.id, 1, "SUBMITTED", f"submitted by tenant {tenant}", "submitted", now))
+    except IntegrityError:
+        # A concurrent submit with the same key won the race: return its job.
+        existing = await find_job_by_key(db, tenant=tenant, key=key)
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+class StalePlacement(Exception):
+    """A placement names an allocation the store does not hold for that job and attempt."""
+
+
+class AdmissionRefused(Exception):
+    """The job is valid but this tenant may not run it (SPEC R2.1)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+async def find_job_by_key(db: Database, *, tenant: str, key: str) -> Job | None:
+    async with db.sessions() as session:
+        return (await session.execute(select(Job).where(col(Job.tenant) == tenant, col(Job.idempotency_key) == key))).scalar_one_or_none()
+
+
+async def get_job(db: Database, job_id: str) -> Job | None:
+    async with db.sessions() as session:
+        return await session.get(Job, job_id)
+
+
+async def list_jobs(db: Database, *, tenant: str | None = None, state: str | None = None, limit: int = 200) -> Sequence[Job]:
+    query = select(Job).order_by(col(Job.created_at).desc(), col(Job.id)).limit(limit)
+    if tenant is not None:
+        query = query.where(col(Job.tenant) == tenant)
+    if state is not None:
+        query = query.where(col(Job.state) == state)
+    async with db.sessions() as session:
+        return (await session.execute(query)).scalars().all()
+
+
+async def job_events(db: Database, job_id: str) -> Sequence[JobEvent]:
+    async with db.sessions() as session:
+        query = select(JobEvent).where(col(JobEvent.job_id) == job_id).order_by(col(JobEvent.id))
+        return (await session.execute(query)).scalars().all()
+
+
+async def job_allocations(db: Database, job_id: str) -> Sequence[Allocation]:
+    async with db.sessions() as session:
+        query = select(Allocation).where(col(Allocation.job_id) == job_id).order_by(col(Allocation.attempt))
+        return (await session.execute(query)).scalars().all()
+
+
+async def jobs_without_workflow(db: Database, *, older_than: float, limit: int | None = None) -> Sequence[Job]:
+    """Jobs whose workflow start may have been lost (the API died in between), oldest first (at most ``limit``)."""
+    async with db.sessions() as session:
+        query = (
+            select(Job)
+            .where(
+                not_(col(Job.workflow_started)),  # matches the partial index ix_job_without_workflow
+                col(Job.state).not_in(TERMINAL),
+                col(Job.created_at) < older_than,
+            )
+            .order_by(col(Job.created_at), col(Job.id))
+            .limit(limit)
+        )
+        return (await session.execute(query)).scalars().all()
+
+
+async def mark_workflow_started(db: Database, job_id: str) -> None:
+    await mark_workflows_started(db, [job_id])
+
+
+async def mark_workflows_started(db: Database, job_ids: Sequence[str]) -> None:
+    """Record that these jobs' workflows exist (one statement)."""
+    if not job_ids:
+        return
+    async with db.transaction() as session:
+        await session.execute(update(Job).where(col(Job.id).in_(list(job_ids))).values(workflow_started=True))
+
+
+async def record_transition(
+    db: Database,
+    *,
+    job_id: str,
+    attempt: int,
+    state: JobState,
+    event_key: str,
+    message: str = "",
+    allocation_id: str | None = None,
+    exit_code: int | None = None,
+    end_reason: str | None = None,
+    pending_reason: str | None = None,
+    now: float | None = None,
+) -> Job:
+    """Move a job to ``state`` for ``attempt`` and log it, once.
+
+    Idempotent by ``event_key``: a repeat returns the job unchanged. A terminal job, or
+    a transition for an older attempt, changes nothing. Moving to a terminal state
+    releases the job's live allocations in the same transaction; moving to LAUNCHING
+    acknowledges ``allocation_id``.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        if job.state in TERMINAL or attempt < job.attempt:
+            return job
+        if not await add_event_once(
+            session,
+            new_event(job_id, attempt, state.value, message, event_key, now, allocation_id=allocation_id, exit_code=exit_code),
+        ):
+            return job
+        job.state, job.updated_at = state.value, now
+        if state is JobState.LAUNCHING and allocation_id is not None:
+            alloc = await session.get(Allocation, allocation_id)
+            if alloc is None or alloc.job_id != job_id or alloc.attempt != attempt or alloc.state not in LIVE_ALLOCATION_STATES:
+                raise StalePlacement(f"allocation {allocation_id} is not a live binding of {job_id} attempt {attempt}")
+            job.pending_reason = None
+            if alloc.state == "BOUND":
+                alloc.state, alloc.acked_at = "ACKED", now
+        if state is JobState.RUNNING and job.started_at is None:
+            job.started_at = now
+        if pending_reason is not None:
+            job.pending_reason = pending_reason
+        if state.terminal:
+            job.finished_at, job.exit_code, job.end_reason = now, exit_code, end_reason or message
+            job.pending_reason = None
+            await release_live(session, job_id, now)
+        return job
+
+
+async def requeue_job(db: Database, *, job_id: str, from_attempt: int, reason: str, now: float | None = None) -> Job:
+    """Release the attempt's GPUs and queue the job again as attempt + 1 (idempotent)."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        if job.state in TERMINAL or job.attempt != from_attempt:
+            return job
+        await release_live(session, job_id, now)
+        job.attempt = from_attempt + 1
+        job.state, job.updated_at, job.queued_at = JobState.QUEUED.value, now, now
+        job.pending_reason = f"requeued: {reason}"
+        session.add(new_event(job_id, job.attempt, "REQUEUED", reason, f"requeue-{from_attempt}", now))
+        await bump_change_feed(session)
+        return job
+
+
+async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | None = None) -> Job:
+    """The workflow is waiting for placement: make the job visible to the scheduler."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise LookupError(f"job {job_id} does not exist")
+        changed = False
+        if not job.workflow_started:
+            job.workflow_started, changed = True, True
+        if job.state == JobState.QUEUED.value and job.pending_reason == "waiting for its workflow to start":
+            job.pending_reason, changed = "waiting for placement", True
+        if changed:
+            job.updated_at = now
+            await bump_change_feed(session)
+        return job
+
+
+async def set_latest_checkpoint(
+    db: Database, *, job_id: str, checkpoint: str, attempt: int | None = None, now: float | None = None
+) -> None:
+    """Record the job's newest checkpoint (idempotent per path)."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id)
+        if job is None or job.latest_checkpoint == checkpoint:
+            return
+        job.latest_checkpoint, job.latest_checkpoint_at = checkpoint, now
+        key = f"checkpoint:{checkpoint}"[:160]
+        await add_event_once(session, new_event(job_id, attempt or job.attempt, "CHECKPOINT", checkpoint, key, now))
+
+
+async def queued_jobs(db: Database) -> Sequence[Job]:
+    async with db.sessions() as session:
+        query = (
+            select(Job)
+            .where(col(Job.state) == JobState.QUEUED.value, col(Job.workflow_started) == True)  # noqa: E712
+            .order_by(col(Job.queued_at), col(Job.id))
+        )
+        return (await session.execute(query)).scalars().all()
+
+
+async def job_states(db: Database, job_ids: Sequence[str]) -> dict[str, str]:
+    """Job id -> state, for the ids that exist."""
+    if not job_ids:
+        return {}
+    async with db.sessions() as session:
+        rows = (await session.execute(select(col(Job.id), col(Job.state)).where(col(Job.id).in_(list(job_ids))))).all()
+    return {job_id: state for job_id, state in rows}
+
+
+async def job_names(db: Database, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Job id -> (tenant, name), plain columns."""
+    out: dict[str, tuple[str, str]] = {}
+    ids = list(job_ids)
+    async with db.sessions() as session:
+        for start in range(0, len(ids), 5000):
+            query = select(col(Job.id), col(Job.tenant), col(Job.name)).where(col(Job.id).in_(ids[start : start + 5000]))
+            out.update({i: (t, n) for i, t, n in (await session.execute(query)).all()})
+    return out

@@ -1,0 +1,110 @@
+"""The reads behind metrics, estimates and the API's cached views, each counted or cut down in SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, func, literal, select
+from sqlmodel import col
+
+from fairgang.spec import JobState
+from store.db import Database
+from store.models import ChangeFeed, HealthEvent, Job, JobEvent
+
+
+@dataclass(frozen=True)
+class StartedWaits:
+    """Jobs of one (tenant, GPU type, GPU count) whose current attempt started: how long those attempts waited in the queue."""
+
+    tenant: str
+    gpu_type: str
+    gpu_count: int
+    count: int
+    sum_s: float
+    #: How many waited at most each of the given bounds (cumulative, as a histogram's buckets).
+    at_most: tuple[int, ...]
+
+
+async def started_attempt_waits(db: Database, bounds: Sequence[float]) -> list[StartedWaits]:
+    """The queue waits of every job whose current attempt started (RUNNING or ended after running), counted in SQL."""
+    wait = col(Job.started_at) - col(Job.queued_at)
+    buckets = [func.sum(case((wait <= bound, 1), else_=0)) for bound in bounds]
+    async with db.sessions() as session:
+        query = (
+            select(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count), func.count(), func.sum(wait), *buckets)
+            .where(col(Job.started_at).is_not(None), col(Job.started_at) >= col(Job.queued_at))
+            .group_by(col(Job.tenant), col(Job.gpu_type), col(Job.gpu_count))
+        )
+        rows = (await session.execute(query)).all()
+    return [
+        StartedWaits(tenant=t, gpu_type=g, gpu_count=n, count=int(c), sum_s=float(total or 0.0), at_most=tuple(int(b or 0) for b in rest))
+        for t, g, n, c, total, *rest in rows
+    ]
+
+
+def _before_colon(db: Database, text_: Any) -> Any:
+    """SQL for Python's ``text.split(":", 1)[0]``."""
+    if db.sqlite:
+        at = func.instr(text_, ":")
+        return case((at > 0, func.substr(text_, 1, at - 1)), else_=text_)
+    return func.split_part(text_, ":", 1)
+
+
+async def event_message_heads(db: Database, kinds: Sequence[str]) -> list[tuple[str, str, int]]:
+    """(kind, head, count) of the job events of these kinds, counted in SQL.
+
+    The head is the part of the message that names its reason: for PREEMPTING the text before the
+    first ``:``; for other kinds ``"preempted: "`` and the text up to the next ``:`` after it, else
+    ``"job failed"``, else ``""``. ``api.metrics.preemption_reason`` and ``requeue_reason`` give the
+    same answer for the head as for the whole message.
+    """
+    message = col(JobEvent.message)
+    prefix = "preempted: "
+    head = case(
+        (col(JobEvent.kind) == "PREEMPTING", _before_colon(db, message)),
+        (func.substr(message, 1, len(prefix)) == prefix, literal(prefix) + _before_colon(db, func.substr(message, len(prefix) + 1))),
+        (func.substr(message, 1, len("job failed")) == "job failed", literal("job failed")),
+        else_=literal(""),
+    ).label("head")
+    async with db.sessions() as session:
+        query = select(col(JobEvent.kind), head, func.count()).where(col(JobEvent.kind).in_(list(kinds))).group_by(col(JobEvent.kind), head)
+        return [(k, h, int(n)) for k, h, n in (await session.execute(query)).all()]
+
+
+async def view_version(db: Database) -> tuple[int, int, int]:
+    """What the API's cached views are keyed on: the change feed's version and the newest job and health event ids.
+
+    Every one only grows, and one of them moves with every submission, state change, binding, cordon
+    or health event (heartbeats' measurements and timestamps move none; views also expire by age).
+    """
+    async with db.sessions() as session:
+        version = select(col(ChangeFeed.version)).where(col(ChangeFeed.id) == 1).scalar_subquery()
+        events = select(func.max(col(JobEvent.id))).scalar_subquery()
+        health = select(func.max(col(HealthEvent.id))).scalar_subquery()
+        row = (await session.execute(select(version, events, health))).one()
+    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+
+
+async def recent_events(db: Database, kinds: Sequence[str], *, tenant: str | None = None, limit: int = 50) -> list[tuple[JobEvent, Job]]:
+    """The latest job events of these kinds with their jobs, newest first (one tenant's, if given)."""
+    async with db.sessions() as session:
+        query = select(JobEvent, Job).join(Job, col(Job.id) == col(JobEvent.job_id)).where(col(JobEvent.kind).in_(list(kinds)))
+        if tenant is not None:
+            query = query.where(col(Job.tenant) == tenant)
+        rows = (await session.execute(query.order_by(col(JobEvent.id).desc()).limit(limit))).all()
+    return [(e, j) for e, j in rows]
+
+
+async def finished_runtimes(db: Database, *, limit: int = 5000) -> list[tuple[str, str, float]]:
+    """(tenant, job name, run time of the final attempt) of the latest jobs that SUCCEEDED."""
+    async with db.sessions() as session:
+        query = (
+            select(col(Job.tenant), col(Job.name), col(Job.started_at), col(Job.finished_at))
+            .where(col(Job.state) == JobState.SUCCEEDED.value, col(Job.started_at).is_not(None), col(Job.finished_at).is_not(None))
+            .order_by(col(Job.finished_at).desc())
+            .limit(limit)
+        )
+        rows = (await session.execute(query)).all()
+    return [(t, n, max(0.0, float(f or 0.0) - float(s or 0.0))) for t, n, s, f in rows]

@@ -1,0 +1,231 @@
+"""Allocations: the placement service's leader lease, its committed bindings, and each allocation's end.
+
+A binding is committed under the lease's epoch (:func:`commit_bindings`), signalled to its workflow until acknowledged
+(:func:`unacked_allocations`, :func:`mark_signalled`), then either revoked (a lost node) or released, which ends its
+GPUs' hold and its usage in the ledgers (store/usage.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
+
+from fairgang.spec import JobState
+from store import usage
+from store.common import LIVE_ALLOCATION_STATES, REVOKED, held, new_event, new_id
+from store.db import Database, bump_change_feed
+from store.models import Allocation, AllocationGpu, ChangeFeed, Job, SchedulerLease
+
+
+@dataclass(frozen=True)
+class BindingRow:
+    """A binding the placement service wants to commit."""
+
+    job_id: str
+    attempt: int
+    members: list[dict[str, Any]]
+
+
+class LeaseLost(Exception):
+    """The caller no longer holds the leader lease; nothing was committed."""
+
+
+async def acquire_lease(db: Database, *, name: str, holder: str, ttl_s: float, now: float | None = None) -> int | None:
+    """Take or renew the leader lease. Returns the epoch held, or None if another holds it.
+
+    The epoch grows each time the lease changes hands, so a stale leader's commits
+    (checked against the epoch) fail.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        lease = await session.get(SchedulerLease, name, with_for_update=True)
+        if lease is None:
+            session.add(SchedulerLease(name=name, holder=holder, epoch=1, expires_at=now + ttl_s))
+            return 1
+        if lease.holder == holder and lease.expires_at >= now:
+            lease.expires_at = now + ttl_s
+            return lease.epoch
+        if lease.expires_at < now:
+            lease.holder, lease.epoch, lease.expires_at = holder, lease.epoch + 1, now + ttl_s
+            return lease.epoch
+        return None
+
+
+async def commit_bindings(
+    db: Database,
+    *,
+    bindings: Sequence[BindingRow],
+    pending_reasons: dict[str, str],
+    lease_name: str,
+    epoch: int,
+    now: float | None = None,
+) -> list[Allocation]:
+    """Commit a cycle's bindings in one transaction guarded by the lease epoch.
+
+    Each binding is a compare-and-set on the job (still QUEUED at that attempt) plus one
+    ``allocation_gpu`` row per GPU; a binding that lost a race (job cancelled, GPU taken)
+    is skipped through a savepoint and the rest commit. Each binding's GPUs start counting in the
+    usage ledgers (store/usage.py) in the same transaction. ``pending_reasons`` are written in one
+    statement to the jobs still queued: pass only those that changed.
+
+    Raises:
+        LeaseLost: when ``epoch`` is no longer the lease's epoch.
+    """
+    now = time.time() if now is None else now
+    committed: list[Allocation] = []
+    async with db.transaction() as session:
+        lease = await session.get(SchedulerLease, lease_name, with_for_update=True)
+        if lease is None or lease.epoch != epoch or lease.expires_at < now:
+            raise LeaseLost(f"lease {lease_name} epoch {epoch} is no longer held")
+        for binding in bindings:
+            alloc = Allocation(
+                id=new_id("a"),
+                job_id=binding.job_id,
+                attempt=binding.attempt,
+                epoch=epoch,
+                members=binding.members,
+                created_at=now,
+            )
+            try:
+                async with session.begin_nested():
+                    owner = (
+                        await session.execute(
+                            update(Job)
+                            .where(
+                                col(Job.id) == binding.job_id, col(Job.state) == JobState.QUEUED.value, col(Job.attempt) == binding.attempt
+                            )
+                            .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
+                            .returning(col(Job.tenant), col(Job.gpu_type))
+                        )
+                    ).first()
+                    if owner is None:
+                        raise _SkipBinding
+                    session.add(alloc)
+                    await session.flush()
+                    for member in binding.members:
+                        for index in member["gpu_indices"]:
+                            session.add(AllocationGpu(allocation_id=alloc.id, node_id=member["node_id"], gpu_index=index))
+                    await session.flush()
+                    await usage.allocation_started(
+                        session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(binding.members), start=now
+                    )
+                    nodes = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in binding.members)
+                    session.add(
+                        new_event(
+                            binding.job_id,
+                            binding.attempt,
+                            "PLACED",
+                            f"placed on {nodes}",
+                            f"placed-{binding.attempt}",
+                            now,
+                            allocation_id=alloc.id,
+                        )
+                    )
+                    await session.flush()
+                committed.append(alloc)
+            except (_SkipBinding, IntegrityError):
+                continue
+        if pending_reasons:
+            # One statement for all of them; the caller passes only the reasons that changed.
+            table = Job.__table__  # type: ignore[attr-defined]
+            await session.execute(
+                update(table)
+                .where(table.c.id == bindparam("job"), table.c.state == JobState.QUEUED.value)
+                .values(pending_reason=bindparam("reason")),
+                [{"job": job_id, "reason": reason} for job_id, reason in sorted(pending_reasons.items())],
+            )
+    return committed
+
+
+class _SkipBinding(Exception):
+    pass
+
+
+async def unacked_allocations(
+    db: Database, *, older_than: float, now: float | None = None, limit: int | None = None
+) -> Sequence[Allocation]:
+    """Bindings committed but not acknowledged by their workflow, last signalled before ``older_than``.
+
+    With ``now``, each is signalled again with backoff: only once it has waited since its last signal at
+    least as long as it had waited before that signal (so the gaps double while Temporal lags). Oldest
+    first, at most ``limit``.
+    """
+    last = func.coalesce(col(Allocation.signalled_at), col(Allocation.created_at))
+    query = select(Allocation).where(col(Allocation.state) == "BOUND", last < older_than)
+    if now is not None:
+        signalled = col(Allocation.signalled_at)
+        query = query.where(or_(signalled.is_(None), now - signalled >= signalled - col(Allocation.created_at)))
+    async with db.sessions() as session:
+        return (await session.execute(query.order_by(last, col(Allocation.id)).limit(limit))).scalars().all()
+
+
+async def mark_signalled(db: Database, allocation_ids: Sequence[str], now: float | None = None) -> None:
+    if not allocation_ids:
+        return
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        await session.execute(update(Allocation).where(col(Allocation.id).in_(allocation_ids)).values(signalled_at=now))
+
+
+async def revoke_allocation(db: Database, *, job_id: str, allocation_id: str, reason: str, now: float | None = None) -> bool:
+    """Stop holding a live allocation for its agents, keeping its GPUs until it is released (idempotent).
+
+    From then on no heartbeat answer holds it, so its agents stop renewing its members' leases and kill
+    them (see worker_agent/shim.py); the workflow waits out the lease before it queues the job again.
+    Returns True when it was live.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        alloc = await session.get(Allocation, allocation_id)
+        if alloc is None or alloc.job_id != job_id or alloc.state not in LIVE_ALLOCATION_STATES:
+            return False
+        alloc.state = REVOKED
+        session.add(new_event(job_id, alloc.attempt, "REVOKED", reason, f"revoke-{allocation_id}", now, allocation_id=allocation_id))
+        return True
+
+
+async def release_allocation(db: Database, *, job_id: str, allocation_id: str, now: float | None = None) -> bool:
+    """Release one allocation (idempotent). Returns True when it was live."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        return bool(await release_live(session, job_id, now, only=allocation_id))
+
+
+async def release_live(session: AsyncSession, job_id: str, now: float, *, only: str | None = None) -> list[str]:
+    """Release the job's live allocations (all, or just ``only``); returns their ids."""
+    query = select(Allocation).where(col(Allocation.job_id) == job_id, col(Allocation.state).in_((*LIVE_ALLOCATION_STATES, REVOKED)))
+    if only is not None:
+        query = query.where(col(Allocation.id) == only)
+    released = []
+    owner: tuple[str, str] | None = None
+    for alloc in (await session.execute(query)).scalars().all():
+        alloc.state, alloc.released_at = "RELEASED", now
+        await session.execute(update(AllocationGpu).where(col(AllocationGpu.allocation_id) == alloc.id).values(live=False))
+        if owner is None:
+            row = (await session.execute(select(col(Job.tenant), col(Job.gpu_type)).where(col(Job.id) == job_id))).one()
+            owner = (row[0], row[1])
+        await usage.allocation_released(
+            session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(alloc.members), start=alloc.created_at, end=now
+        )
+        released.append(alloc.id)
+    if released:
+        await bump_change_feed(session)
+    return released
+
+
+async def live_allocation_gpus(db: Database) -> Sequence[AllocationGpu]:
+    async with db.sessions() as session:
+        return (await session.execute(select(AllocationGpu).where(held()))).scalars().all()
+
+
+async def change_version(db: Database) -> int:
+    async with db.sessions() as session:
+        row = await session.get(ChangeFeed, 1)
+        return row.version if row else 0

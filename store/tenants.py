@@ -1,0 +1,107 @@
+"""The cluster config's tenants, tokens and nodes, loaded into the store, and what admission reads of them.
+
+Admission (:func:`fairgang.admission.check_admission`) takes a tenant's policy (:func:`tenant_policy`) and the
+fleet's shape (:func:`fleet_shape`); the jobs API and the sweep activities both read them here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import String, cast, func, select
+from sqlmodel import col
+
+from fairgang.admission import FleetShape, TenantPolicy
+from fairgang.cluster import ClusterConfig
+from store.auth import hash_token
+from store.db import Database, bump_change_feed
+from store.models import ApiToken, Gpu, Node, Tenant
+
+
+async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None = None) -> None:
+    """Load tenants, tokens and nodes from a cluster config (safe to repeat).
+
+    Existing rows are updated in place; node state, boot id and heartbeats are kept.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        for t in config.tenants:
+            row = await session.get(Tenant, t.name)
+            values: dict[str, Any] = dict(
+                weight=t.weight,
+                cohort=t.cohort,
+                quotas={k: v.model_dump() for k, v in t.quotas.items()},
+                max_gpus_per_job=t.max_gpus_per_job,
+                max_runtime_s=t.max_runtime,
+                max_concurrent_jobs=t.max_concurrent_jobs,
+                checkpoint_prefix=t.checkpoint_prefix,
+            )
+            if row is None:
+                session.add(Tenant(name=t.name, **values))
+            else:
+                for key, value in values.items():
+                    setattr(row, key, value)
+        await session.flush()
+        wanted: list[tuple[str, str, str | None]] = [(tok, "admin", None) for tok in config.admin_tokens]
+        wanted += [(config.node_token, "node", None)]
+        wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
+        for token, role, tenant in wanted:
+            digest = hash_token(token)
+            existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == digest))).scalar_one_or_none()
+            if existing is None:
+                session.add(ApiToken(token_hash=digest, role=role, tenant=tenant, created_at=now))
+            else:
+                existing.role, existing.tenant = role, tenant
+        for n in config.nodes:
+            node = await session.get(Node, n.id)
+            if node is None:
+                session.add(Node(id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=dict(n.labels)))
+            else:
+                node.gpu_type, node.gpu_count, node.labels = n.gpu_type, n.gpus, dict(n.labels)
+            await session.flush()
+            for index in range(n.gpus):
+                if await session.get(Gpu, (n.id, index)) is None:
+                    session.add(Gpu(node_id=n.id, index=index))
+        await bump_change_feed(session)
+
+
+async def get_tenant(db: Database, name: str) -> Tenant | None:
+    async with db.sessions() as session:
+        return await session.get(Tenant, name)
+
+
+async def list_tenants(db: Database) -> Sequence[Tenant]:
+    async with db.sessions() as session:
+        return (await session.execute(select(Tenant).order_by(col(Tenant.name)))).scalars().all()
+
+
+def tenant_policy(tenant: Tenant) -> TenantPolicy:
+    """The tenant's limits as admission reads them; the GPU types it may use are those it has a quota of."""
+    return TenantPolicy(
+        name=tenant.name,
+        allowed_gpu_types=frozenset(tenant.quotas),
+        max_gpus_per_job=tenant.max_gpus_per_job,
+        max_runtime_s=tenant.max_runtime_s,
+        checkpoint_prefix=tenant.checkpoint_prefix,
+    )
+
+
+async def fleet_shape(db: Database) -> FleetShape:
+    """GPU type -> {GPUs per node: nodes}, and the topology levels the nodes' labels use (for admission).
+
+    Counted in SQL: a submission reads a row per node shape and per distinct label set, not every node.
+    """
+    async with db.sessions() as session:
+        shape_query = select(col(Node.gpu_type), col(Node.gpu_count), func.count()).group_by(col(Node.gpu_type), col(Node.gpu_count))
+        counts = (await session.execute(shape_query)).all()
+        label_sets = (await session.execute(select(cast(col(Node.labels), String)).distinct())).scalars().all()
+    shapes: dict[str, dict[int, int]] = {}
+    for gpu_type, per_node, nodes in counts:
+        shapes.setdefault(gpu_type, {})[per_node] = nodes
+    levels = {"node"}
+    for raw in label_sets:
+        levels.update(json.loads(raw) if raw else {})
+    return FleetShape(shapes=shapes, levels=frozenset(levels))
