@@ -18,13 +18,13 @@ The phases (each a named function below; docs/scheduler.md states the policy):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
 from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
-from scheduler.core.preempt import Plan, candidates, only_own_tenant, plan_preemption, preemptible_now
+from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook, usage_of
 from scheduler.core.reserve import plan_reservation
 from scheduler.core.state import Pool, Workspace
@@ -252,27 +252,8 @@ def restore_nominations(cycle: Cycle, standing: tuple[Reservation, ...]) -> None
                 bind(cycle, pool, job, res.members, None)
                 cycle.done.add(job.id)
             continue
-        for member in res.members:
-            node = ws.by_id[member.node_id]
-            free_now = tuple(g for g in member.gpu_indices if g in node.free)
-            if free_now:
-                ws.take(node, free_now)
-            cycle.nominated.add(node.ord)
-        ws.commit()
-        cycle.stopping.update(v.id for v in still)
         reason = res.reason or "reclaim"
-        cycle.preemptions.extend(Preempt(job_id=v.id, attempt=v.attempt, for_job=job.id, reason=reason) for v in still)
-        cycle.nominations.append(
-            Reservation(
-                job_id=job.id,
-                node_ids=res.node_ids,
-                start_at=res.start_at,
-                victims=tuple(v.id for v in still),
-                members=res.members,
-                reason=reason,
-            )
-        )
-        cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(v.id for v in still)
+        nominate(cycle, job, res.members, res.node_ids, res.start_at, [(v, reason) for v in still], reason)
         cycle.done.add(job.id)
 
 
@@ -415,20 +396,13 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
         cycle.victims_by_tenant[job.gpu_type] = by_tenant
         for tenant, victims in by_tenant.items():
             cycle.own_lowest[(job.gpu_type, tenant)] = min(v.priority for v in victims)
-    if only_own_tenant(cycle.book, job, cycle.now, cycle.config):
+    preemptor = Preemptor(job, cycle.book, cycle.now, cycle.config)
+    if preemptor.own_tenant_only:
         # It may preempt only its own tenant's lower-priority jobs: none at all means no plan (and no plan counted).
         lowest = cycle.own_lowest.get((job.gpu_type, job.tenant))
         if lowest is None or lowest >= job.priority:
             return None
-    eligible = candidates(
-        cycle.book,
-        job,
-        cycle.victim_pool[job.gpu_type],
-        cycle.stopping,
-        cycle.now,
-        cycle.config,
-        cycle.victims_by_tenant[job.gpu_type],
-    )
+    eligible = candidates(preemptor, cycle.book, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.victims_by_tenant[job.gpu_type])
     first = next(eligible, None)
     if first is None:
         return None
@@ -438,32 +412,37 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
 
 
 def commit_plan(cycle: Cycle, job: PendingJob, plan: Plan) -> None:
-    """Nominate ``job``: preempt the victims, hold the planned GPUs that are free now, reserve the nodes."""
+    """Nominate ``job`` for a new plan; its reservation's reason is "priority" when any victim's is."""
+    reason = "priority" if any(why == "priority" for _, why in plan.victims) else plan.victims[0][1]
+    nominate(cycle, job, plan.members, tuple(m.node_id for m in plan.members), cycle.now, plan.victims, reason)
+
+
+def nominate(
+    cycle: Cycle,
+    job: PendingJob,
+    members: tuple[Member, ...],
+    node_ids: tuple[str, ...],
+    start_at: float,
+    victims: Sequence[tuple[RunningJob, str]],
+    reason: str,
+) -> None:
+    """Preempt the victims for ``job``, hold its planned GPUs that are free now, reserve its nodes."""
     ws = cycle.ws
-    for member in plan.members:
+    for member in members:
         node = ws.by_id[member.node_id]
         free_now = tuple(g for g in member.gpu_indices if g in node.free)
         if free_now:
             ws.take(node, free_now)
         cycle.nominated.add(node.ord)
     ws.commit()
-    reason = plan.victims[0][1]
-    for victim, why in plan.victims:
+    for victim, why in victims:
         cycle.stopping.add(victim.id)
         cycle.preemptions.append(Preempt(job_id=victim.id, attempt=victim.attempt, for_job=job.id, reason=why))
-    if any(why == "priority" for _, why in plan.victims):
-        reason = "priority"
+    victim_ids = tuple(v.id for v, _ in victims)
     cycle.nominations.append(
-        Reservation(
-            job_id=job.id,
-            node_ids=tuple(m.node_id for m in plan.members),
-            start_at=cycle.now,
-            victims=tuple(v.id for v, _ in plan.victims),
-            members=plan.members,
-            reason=reason,
-        )
+        Reservation(job_id=job.id, node_ids=node_ids, start_at=start_at, victims=victim_ids, members=members, reason=reason)
     )
-    cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(v.id for v, _ in plan.victims)
+    cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(victim_ids)
 
 
 def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:

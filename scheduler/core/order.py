@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from scheduler.core.quota import QuotaBook
 from scheduler.core.types import PendingJob, Reservation, RunningJob, SchedulerConfig
@@ -28,18 +28,6 @@ def aged_priority(job: PendingJob, now: float, config: SchedulerConfig) -> float
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
     """A tenant's own queue: 1. higher aged priority, 2. waited longer, 3. queued earlier, 4. job id."""
     return (-aged_priority(job, now, config), -waited_s(job, now), job.queued_at, job.id)
-
-
-def within_tenant_keys(now: float, config: SchedulerConfig) -> Callable[[PendingJob], tuple[float, float, float, str]]:
-    """:func:`within_tenant_key` at ``now``, the same values computed inline (it runs for every queued job in every cycle)."""
-    aging = config.aging_per_hour
-
-    def key(job: PendingJob) -> tuple[float, float, float, str]:
-        since = job.submitted_at if job.submitted_at is not None else job.queued_at
-        waited = max(0.0, now - since)
-        return (-(job.priority + aging * waited / 3600.0), -waited, job.queued_at, job.id)
-
-    return key
 
 
 def standing_key(reservation: Reservation) -> tuple[float, str]:
@@ -105,9 +93,8 @@ class FairQueue:
         self._next: dict[str, int] = {}
         #: (key, tenant, the tenant's usage version the key was computed at)
         self._heap: list[tuple[tuple[float, str], str, int]] = []
-        key = within_tenant_keys(now, config)
         for tenant in sorted(by_tenant):
-            self._queues[tenant] = sorted(by_tenant[tenant], key=key)
+            self._queues[tenant] = sorted(by_tenant[tenant], key=lambda job: within_tenant_key(job, now, config))
             self._next[tenant] = 0
             self._heap.append(self._entry(tenant))
         heapq.heapify(self._heap)

@@ -83,14 +83,6 @@ def fits_ignoring_holds(ws: Workspace, pool: Pool, job: PendingJob) -> bool:
     return any(count >= need for level in range(cap + 1) for count in pool.whole[level].values())
 
 
-def could_fit(ws: Workspace, pool: Pool, job: PendingJob) -> bool:
-    """A cheap necessary condition of :func:`place`: enough free GPUs on one node, or enough wholly free nodes."""
-    if job.gpu_count <= pool.max_size:
-        buckets = pool.buckets
-        return any(buckets[f] for f in range(job.gpu_count, len(buckets)))
-    return pool.big > 0 and pool.whole_total * pool.big >= job.gpu_count and fits_ignoring_holds(ws, pool, job)
-
-
 def place(ws: Workspace, pool: Pool, job: PendingJob, respect: Respect) -> tuple[Member, ...] | None:
     """The job's members if it fits now, else None. Changes nothing."""
     if job.gpu_count <= pool.max_size:

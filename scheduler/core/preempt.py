@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from scheduler.core.order import aged_priority, victim_cost_key, waited_s
-from scheduler.core.placement import Respect, could_fit, gang_reach, place
+from scheduler.core.placement import Respect, fits_ignoring_holds, gang_reach, place
 from scheduler.core.quota import QuotaBook
 from scheduler.core.state import DomainKey, NodeState, Pool, Workspace
 from scheduler.core.types import Member, PendingJob, RunningJob, SchedulerConfig
@@ -44,18 +44,23 @@ class Plan:
     victims: tuple[tuple[RunningJob, str], ...]
 
 
-class _Preemptor:
-    """What the victim rules ask about one preemptor, worked out once for all its candidates."""
+class Preemptor:
+    """What the victim rules ask about one preemptor P, worked out once for all its candidates."""
 
-    __slots__ = ("aged", "config", "job", "long_waited", "now", "within_nominal")
+    __slots__ = ("aged", "config", "job", "long_waited", "now", "own_tenant_only", "within_nominal")
 
     def __init__(self, job: PendingJob, book: QuotaBook, now: float, config: SchedulerConfig) -> None:
         self.job, self.now, self.config = job, now, config
+        #: P stays within its tenant's nominal quota (reason 2 may apply).
         self.within_nominal = book.within_nominal(job.tenant, job.gpu_type, job.gpu_count)
+        #: P has waited ``max_wait_s`` (reason 3 may apply).
         self.long_waited = waited_s(job, now) >= config.max_wait_s
+        #: Neither: P may preempt only its own tenant's jobs of a lower priority class (reason 1).
+        self.own_tenant_only = not self.within_nominal and not self.long_waited
         self.aged = aged_priority(job, now, config)
 
     def reason(self, victim: RunningJob) -> str | None:
+        """Why ``victim`` may be preempted for P (borrowing aside: checked while planning), or None."""
         job = self.job
         if victim.tenant == job.tenant:
             return "priority" if victim.priority < job.priority else None
@@ -64,12 +69,6 @@ class _Preemptor:
         if self.long_waited and self.now - victim.started_at >= self.config.max_wait_s and victim.priority < self.aged:
             return "max_wait"
         return None
-
-
-def only_own_tenant(book: QuotaBook, job: PendingJob, now: float, config: SchedulerConfig) -> bool:
-    """True when ``job`` may preempt only its own tenant's jobs of a lower priority class (reason 1):
-    it is not within its nominal quota and has not waited ``max_wait_s``."""
-    return not book.within_nominal(job.tenant, job.gpu_type, job.gpu_count) and waited_s(job, now) < config.max_wait_s
 
 
 def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: QuotaBook) -> bool:
@@ -84,23 +83,21 @@ def preemptible_now(victims: Iterable[RunningJob], now: float, config: Scheduler
 
 
 def candidates(
+    preemptor: Preemptor,
     book: QuotaBook,
-    job: PendingJob,
     pool: list[RunningJob],
     stopping: set[str],
-    now: float,
-    config: SchedulerConfig,
     by_tenant: dict[str, list[RunningJob]] | None = None,
 ) -> Iterator[tuple[RunningJob, str]]:
-    """Eligible victims for ``job`` from ``pool`` (see :func:`preemptible_now`), in the pool's order.
+    """Eligible victims for the preemptor's job from ``pool`` (see :func:`preemptible_now`), in the pool's order.
 
     ``by_tenant`` (the same pool grouped by tenant) narrows the walk to the jobs that can pass:
     a job that may only preempt for priority looks at its own tenant's jobs alone; with quotas
     on, another tenant's job is a victim only while that tenant borrows the type.
     """
-    preemptor = _Preemptor(job, book, now, config)
+    job = preemptor.job
     if by_tenant is not None:
-        if not preemptor.within_nominal and not preemptor.long_waited:
+        if preemptor.own_tenant_only:
             pool = by_tenant.get(job.tenant, [])
         elif book.enabled:
             pool = list(
@@ -138,7 +135,7 @@ def _fits_if_all_released(ws: Workspace, pool: Pool, job: PendingJob, eligible: 
         for node, gpus in _victim_gpus(ws, victim):
             released.setdefault(node.id, set()).update(gpus)
     if job.gpu_count <= pool.max_size:
-        if could_fit(ws, pool, job):
+        if fits_ignoring_holds(ws, pool, job):
             return True
         return any(len(ws.by_id[n].free) + len(gpus - ws.by_id[n].free) >= job.gpu_count for n, gpus in released.items())
     if pool.big <= 0:
@@ -195,7 +192,7 @@ def plan_preemption(
             ws.give(node, gpus)
         given[victim.tenant] = given.get(victim.tenant, 0) + victim.gpu_count
         chosen.append((victim, reason, released))
-        if could_fit(ws, pool, job) and place(ws, pool, job, respect) is not None:
+        if fits_ignoring_holds(ws, pool, job) and place(ws, pool, job, respect) is not None:
             fits = True
             break
     if not fits:
@@ -206,7 +203,7 @@ def plan_preemption(
         before = ws.mark()
         for node, gpus in chosen[index][2]:
             ws.take(node, gpus)
-        if not could_fit(ws, pool, job) or place(ws, pool, job, respect) is None:
+        if not fits_ignoring_holds(ws, pool, job) or place(ws, pool, job, respect) is None:
             ws.rollback(before)
         else:
             del chosen[index]
