@@ -5,7 +5,8 @@ Nothing here does I/O or imports an I/O framework, so the same code runs in the
 placement service, in tests and in the simulator.
 """
 
-from scheduler.core.cycle import Scheduler, run_cycle
+from scheduler.core.cycle import run_cycle
+from scheduler.core.incremental import Scheduler
 from scheduler.core.types import (
     Bind,
     Decisions,

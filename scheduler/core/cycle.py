@@ -3,7 +3,8 @@
 The phases (each a named function below; docs/scheduler.md states the policy):
 
 1. ``build_cycle``: the working copy of free GPUs with its indexes and the quota book
-   (:class:`Scheduler` keeps the working copy from cycle to cycle and only brings it up to date).
+   (:class:`scheduler.core.incremental.Scheduler` keeps the working copy from cycle to cycle and
+   only brings it up to date).
 2. ``restore_nominations``: a standing nomination whose victims still run keeps its
    GPUs; one whose victims have stopped binds onto them.
 3. ``order_queue``: holders of standing reservations first, then weighted DRF across
@@ -25,7 +26,7 @@ from itertools import chain
 from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
-from scheduler.core.quota import QuotaBook, usage_of
+from scheduler.core.quota import QuotaBook
 from scheduler.core.reserve import plan_reservation
 from scheduler.core.state import Pool, Workspace
 from scheduler.core.types import (
@@ -99,57 +100,6 @@ def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
     return decide(build_cycle(snapshot, now), snapshot)
 
 
-class Scheduler:
-    """``run_cycle`` for a caller that runs cycle after cycle: the same decisions, less work.
-
-    It keeps the workspace between cycles (undoing each cycle's own changes at its end) and
-    brings it to the next snapshot by comparing node views and running jobs, so a cycle
-    costs the changed nodes and jobs plus the queue, not the whole fleet. For every
-    snapshot, ``Scheduler().run_cycle(s, t)`` and any long-lived instance's ``run_cycle(s, t)``
-    equal ``run_cycle(s, t)`` (a property test holds it). A change of the fleet's shape, or a
-    cycle that raised, makes the next cycle build afresh.
-    """
-
-    def __init__(self) -> None:
-        self._ws: Workspace | None = None
-        self._book: QuotaBook | None = None
-        self._usage: dict[tuple[str, str], int] = {}
-        #: Cycles that reused the workspace, and cycles that built it.
-        self.reused = 0
-        self.rebuilt = 0
-
-    def run_cycle(self, snapshot: Snapshot, now: float) -> Decisions:
-        ws, book = self._ws, self._book
-        # Until the cycle ends cleanly: a cycle that raises leaves nothing to trust.
-        self._ws = self._book = None
-        diff = ws.sync(snapshot, now) if ws is not None else None
-        if ws is None or diff is None:
-            ws = Workspace(snapshot, now)
-            self._usage = usage_of(snapshot.running)
-            book = None
-            self.rebuilt += 1
-        else:
-            self.reused += 1
-            for sign, jobs in ((-1, diff[0]), (1, diff[1])):
-                for job in jobs:
-                    key = (job.tenant, job.gpu_type)
-                    left = self._usage.get(key, 0) + sign * job.gpu_count
-                    if left:
-                        self._usage[key] = left
-                    else:
-                        self._usage.pop(key, None)
-                    if book is not None:
-                        book.add(job.tenant, job.gpu_type, sign * job.gpu_count)
-        if book is None or not book.sync_tenants(snapshot.tenants):
-            book = QuotaBook(snapshot.tenants, usage=self._usage)
-        book.logging = True
-        decisions = decide(_cycle_from(snapshot, now, ws, book), snapshot)
-        ws.end_cycle()
-        book.undo()
-        self._ws, self._book = ws, book
-        return decisions
-
-
 def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
     """Phases 2-6 on a built cycle."""
     # 2. Standing nominations.
@@ -200,10 +150,11 @@ def queue_order(snapshot: Snapshot, now: float) -> list[str]:
 def build_cycle(snapshot: Snapshot, now: float) -> Cycle:
     """Phase 1: index the fleet, count usage against quotas."""
     ws = Workspace(snapshot, now)
-    return _cycle_from(snapshot, now, ws, QuotaBook(snapshot.tenants, snapshot.running))
+    return cycle_on(snapshot, now, ws, QuotaBook(snapshot.tenants, snapshot.running))
 
 
-def _cycle_from(snapshot: Snapshot, now: float, ws: Workspace, book: QuotaBook) -> Cycle:
+def cycle_on(snapshot: Snapshot, now: float, ws: Workspace, book: QuotaBook) -> Cycle:
+    """Phase 1 on a workspace and a quota book already at ``snapshot`` (built here, or kept by a ``Scheduler``)."""
     pending: dict[str, PendingJob] = {}
     for waiting in sorted(snapshot.pending, key=lambda j: (j.id, j.attempt)):
         pending[waiting.id] = waiting

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import is_not
 
 from scheduler.core.types import NodeView, RunningJob, Snapshot
 
@@ -94,18 +92,14 @@ def upper_levels(topology_levels: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(level for level in topology_levels if level != "node")
 
 
-#: Per node: the running jobs holding GPUs there, each with its members on that node.
-JobsOnNode = dict[str, tuple[RunningJob, list[tuple[int, ...]]]]
-
-
 class Workspace:
     """Free GPUs per node, the per-type indexes, and the journal that undoes changes.
 
-    A workspace may outlive its cycle (:class:`scheduler.core.cycle.Scheduler`): ``end_cycle``
-    undoes everything the cycle did, and ``sync`` brings it to the next snapshot by
-    touching only the nodes whose view or running jobs changed. Node ordinals, pools and
-    domains are fixed at construction, so any change of the fleet's shape (a node added,
-    removed, cordoned, retyped or relabelled) makes ``sync`` refuse and the caller rebuilds.
+    A workspace may outlive its cycle (:class:`scheduler.core.incremental.Scheduler`): ``end_cycle``
+    undoes everything the cycle did, and :class:`scheduler.core.incremental.FleetDiff` brings it to
+    the next snapshot through ``set_node`` and ``running``, touching only the nodes whose view or
+    running jobs changed. Node ordinals, pools and domains are fixed at construction, so any change
+    of the fleet's shape (a node added, removed, cordoned, retyped or relabelled) means a new workspace.
     """
 
     def __init__(self, snapshot: Snapshot, now: float) -> None:
@@ -113,18 +107,7 @@ class Workspace:
         self.upper: tuple[str, ...] = upper_levels(snapshot.topology_levels)
         held = _gpus_held_by_running(snapshot.running)
         all_nodes = sorted(snapshot.nodes, key=lambda n: n.id)
-        #: What ``sync`` compares the next snapshot with.
-        self._nodes_seen: tuple[NodeView, ...] = snapshot.nodes
-        self._views: dict[str, NodeView] = {view.id: view for view in snapshot.nodes}
-        self._running_seen: tuple[RunningJob, ...] = snapshot.running
-        #: The running job views of the snapshot last seen, by object identity (they are kept alive here,
-        #: so no new object can take an identity of theirs).
-        self._running_objects: dict[int, RunningJob] = {id(job): job for job in snapshot.running}
-        self._running_ids: set[int] = set(self._running_objects)
         self.running: dict[str, RunningJob] = {job.id: job for job in snapshot.running}
-        self._jobs_on: dict[str, JobsOnNode] = {}
-        for job in snapshot.running:
-            self._place_running(job)
         #: Every change of this cycle (binds, holds of nominations), undone by ``end_cycle``.
         self._cycle_log: list[tuple[NodeState, tuple[int, ...], bool]] = []
         self._ends_added: list[NodeState] = []
@@ -144,7 +127,7 @@ class Workspace:
         #: Per GPU type, the running jobs that may ever be victims: preemptible, on a schedulable node.
         self.victims: dict[str, dict[str, RunningJob]] = {}
         for running in self.running.values():
-            self._note_victim(running)
+            self.note_victim(running)
         self._journal: list[tuple[NodeState, tuple[int, ...], bool]] = []
 
     def _build_pool(self, gpu_type: str, views: list[NodeView], held: dict[str, set[int]]) -> Pool:
@@ -271,137 +254,12 @@ class Workspace:
         for pool in self.pools.values():
             pool.holds.clear()
 
-    def sync(self, snapshot: Snapshot, now: float) -> tuple[list[RunningJob], list[RunningJob]] | None:
-        """Bring the workspace to ``snapshot``; None to rebuild, else the running jobs whose GPUs stopped
-        and started counting against their tenants (a job whose tenant, type or size changed is in both).
+    def in_cycle(self) -> bool:
+        """Whether a cycle's changes are still in the workspace (``end_cycle`` has not undone them)."""
+        return bool(self._cycle_log or self._ends_added)
 
-        Unchanged views and jobs (the same objects, or equal ones) cost a comparison each.
-        """
-        if self._cycle_log or self._ends_added or upper_levels(snapshot.topology_levels) != self.upper:
-            return None
-        touched: set[str] = set()
-        nodes = snapshot.nodes
-        if nodes is not self._nodes_seen:
-            seen = self._nodes_seen
-            if len(nodes) != len(seen) or len(seen) != len(self._views):
-                return None
-            # Positions whose view is another object (found at C speed); each must still be the same node.
-            for i in compress(range(len(nodes)), map(is_not, nodes, seen)):
-                view, old = nodes[i], seen[i]
-                if old.id != view.id or (old.gpu_type, old.gpu_count, old.labels, old.schedulable) != (
-                    view.gpu_type,
-                    view.gpu_count,
-                    view.labels,
-                    view.schedulable,
-                ):
-                    return None  # reordered, or the fleet's shape changed
-                if old.free != view.free:
-                    touched.add(view.id)
-                self._views[view.id] = view
-            self._nodes_seen = nodes
-        gone: list[RunningJob] = []
-        came: list[RunningJob] = []
-        running = snapshot.running
-        if running is not self._running_seen:
-            # Set algebra on object identities (at C speed): only the jobs that are new objects cost Python work.
-            now_ids = set(map(id, running))
-            if len(now_ids) != len(running):
-                return None  # the same object listed twice
-            left_ids = self._running_ids - now_ids
-            arrived_ids = now_ids - self._running_ids
-            objects = self._running_objects
-            left = [objects.pop(k) for k in left_ids]
-            arrived = list(compress(running, map(arrived_ids.__contains__, map(id, running)))) if arrived_ids else []
-            for job in arrived:
-                objects[id(job)] = job
-            self._running_ids = now_ids
-            replaced = {job.id: job for job in left}
-            moved: list[tuple[RunningJob | None, RunningJob | None]] = []
-            for job in arrived:
-                old_job = replaced.pop(job.id, None)
-                if old_job is None:
-                    if job.id in self.running:
-                        return None  # one job listed twice
-                    moved.append((None, job))
-                    came.append(job)
-                    continue
-                if old_job == job:
-                    self.running[job.id] = job
-                    self._note_victim(job)
-                    continue
-                # A new view of a job that was running (say, a newer checkpoint): the workspace
-                # cares only where it runs and when it ends, the quota book only whose GPUs it holds.
-                if old_job.members != job.members or old_job.expected_end != job.expected_end:
-                    moved.append((old_job, job))
-                else:
-                    self.running[job.id] = job
-                    self._forget_victim(old_job)
-                    self._note_victim(job)
-                if (old_job.tenant, old_job.gpu_type, old_job.gpu_count) != (job.tenant, job.gpu_type, job.gpu_count):
-                    gone.append(old_job)
-                    came.append(job)
-            for old_job in replaced.values():
-                moved.append((old_job, None))
-                gone.append(old_job)
-            for before_job in (pair[0] for pair in moved):
-                if before_job is not None:
-                    del self.running[before_job.id]
-                    self._forget_victim(before_job)
-                    touched.update(self._unplace_running(before_job))
-            for after_job in (pair[1] for pair in moved):
-                if after_job is not None:
-                    self.running[after_job.id] = after_job
-                    self._note_victim(after_job)
-                    touched.update(self._place_running(after_job))
-            if len(self.running) != len(running):
-                return None
-            self._running_seen = running
-        for node_id in touched:
-            self._refresh_node(node_id)
-        self.now = now
-        return gone, came
-
-    def _note_victim(self, job: RunningJob) -> None:
-        if job.preemptible and any(m.node_id in self.by_id for m in job.members):
-            self.victims.setdefault(job.gpu_type, {})[job.id] = job
-
-    def _forget_victim(self, job: RunningJob) -> None:
-        self.victims.get(job.gpu_type, {}).pop(job.id, None)
-
-    def _place_running(self, job: RunningJob) -> set[str]:
-        touched = set()
-        for member in job.members:
-            on_node = self._jobs_on.setdefault(member.node_id, {})
-            entry = on_node.get(job.id)
-            if entry is None:
-                on_node[job.id] = (job, [member.gpu_indices])
-            else:
-                entry[1].append(member.gpu_indices)
-            touched.add(member.node_id)
-        return touched
-
-    def _unplace_running(self, job: RunningJob) -> set[str]:
-        touched = set()
-        for member in job.members:
-            on_node = self._jobs_on.get(member.node_id)
-            if on_node is not None:
-                on_node.pop(job.id, None)
-            touched.add(member.node_id)
-        return touched
-
-    def _refresh_node(self, node_id: str) -> None:
-        """Free GPUs and expected ends of one node, from its view and its running jobs (as built)."""
-        node = self.by_id.get(node_id)
-        view = self._views.get(node_id)
-        if node is None or view is None:
-            return
-        held: set[int] = set()
-        ends: list[tuple[float, int]] = []
-        for job, gpu_lists in self._jobs_on.get(node_id, {}).values():
-            for gpus in gpu_lists:
-                held.update(gpus)
-                ends.append((job.expected_end, len(gpus)))
-        free = {g for g in view.free if 0 <= g < view.gpu_count} - held
+    def set_node(self, node: NodeState, free: set[int], ends: list[tuple[float, int]]) -> None:
+        """Make ``node``'s free GPUs ``free`` and its expected ends ``ends``, keeping the indexes current."""
         taken = tuple(node.free - free)
         if taken:
             self._change(node, taken, add=False)
@@ -409,6 +267,14 @@ class Workspace:
         if added:
             self._change(node, added, add=True)
         node.ends = ends
+
+    def note_victim(self, job: RunningJob) -> None:
+        """Count ``job`` among the GPU type's possible victims if it is preemptible and on a schedulable node."""
+        if job.preemptible and any(m.node_id in self.by_id for m in job.members):
+            self.victims.setdefault(job.gpu_type, {})[job.id] = job
+
+    def forget_victim(self, job: RunningJob) -> None:
+        self.victims.get(job.gpu_type, {}).pop(job.id, None)
 
 
 def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:

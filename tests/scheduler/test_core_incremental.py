@@ -16,8 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core import Decisions, PendingJob, RunningJob, Snapshot, TenantView, run_cycle
-from scheduler.core.cycle import Scheduler
+from scheduler.core import Decisions, PendingJob, RunningJob, Scheduler, Snapshot, TenantView, run_cycle
 from tests.scheduler.test_core_builders import H, job, node
 from tests.scheduler.test_core_properties import TENANTS, TYPES, check_invariants, worlds
 
