@@ -136,6 +136,15 @@ class RunningMember:
 _LOCAL_FIELDS = ("proc", "keepalive_fd", "started", "term_at", "stop")
 
 
+@dataclass
+class CheckpointsSeen:
+    """What rank 0's launch activity has seen of the job's LATEST marker: the newest checkpoint, and how many it
+    reported (each report carries its number, so the workflow and the store can tell an older one that came late)."""
+
+    path: str
+    reports: int = 0
+
+
 class LaunchActivities:
     """Runs members as local processes (the process runtime)."""
 
@@ -288,14 +297,15 @@ class LaunchActivities:
         except Exception as err:  # noqa: BLE001 - best effort: the workflow copes without it
             log.warning("signal %s to %s failed: %s", name, job_id, err)
 
-    async def _report_checkpoint(self, inp: LaunchInput, ckpt: Path, last: str) -> str:
+    async def _report_checkpoint(self, inp: LaunchInput, ckpt: Path, seen: CheckpointsSeen) -> None:
+        """Rank 0: signal the workflow when the job's LATEST marker names another checkpoint (numbered in order)."""
         if inp.rank != 0:
-            return last
+            return
         latest = read_latest_marker(ckpt, self._job_view(inp, ckpt))
-        if latest and latest != last:
-            report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest)
+        if latest and latest != seen.path:
+            seen.path, seen.reports = latest, seen.reports + 1
+            report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest, seq=seen.reports)
             await self._signal(inp.job_id, "checkpoint", report)
-        return latest or last
 
     def _job_view(self, inp: LaunchInput, ckpt: Path) -> str:
         return str(ckpt) if self.runtime == "process" else inp.checkpoint_dir
@@ -303,18 +313,18 @@ class LaunchActivities:
     async def _watch(self, member: RunningMember, inp: LaunchInput, ckpt: Path) -> LaunchResult:
         proc = member.proc
         assert proc is not None
-        reported = read_latest_marker(ckpt, self._job_view(inp, ckpt))  # what an earlier attempt left is not news
+        reported = CheckpointsSeen(read_latest_marker(ckpt, self._job_view(inp, ckpt)))  # an earlier attempt's is not news
         exited = asyncio.ensure_future(proc.wait())
         stop_asked = asyncio.ensure_future(member.stop.wait())
         try:
             while True:
                 activity.heartbeat()
-                reported = await self._report_checkpoint(inp, ckpt, reported)
+                await self._report_checkpoint(inp, ckpt, reported)
                 if member.stop.is_set():
                     # A stop activity: SIGTERM (unless it sent it), the grace period from that SIGTERM, SIGKILL.
                     code = await stop_member(member, heartbeat=activity.heartbeat)
-                    reported = await self._report_checkpoint(inp, ckpt, reported)
-                    return LaunchResult(exit_code=code, how="terminated", checkpoint=reported or None)
+                    await self._report_checkpoint(inp, ckpt, reported)
+                    return LaunchResult(exit_code=code, how="terminated", checkpoint=reported.path or None)
                 await asyncio.wait((exited, stop_asked), timeout=HEARTBEAT_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
                 if member.stop.is_set() or not exited.done():
                     continue  # stopped (it may have exited of the SIGTERM already): "terminated", above
@@ -326,7 +336,7 @@ class LaunchActivities:
                         type=MEMBER_FENCED,
                         non_retryable=True,
                     )
-                return LaunchResult(exit_code=code, how="exited", checkpoint=reported or None)
+                return LaunchResult(exit_code=code, how="exited", checkpoint=reported.path or None)
         except asyncio.CancelledError:
             await stop_member(member, heartbeat=activity.heartbeat)
             await self._report_checkpoint(inp, ckpt, reported)

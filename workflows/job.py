@@ -75,6 +75,8 @@ FENCE_MARGIN_S = 5.0
 FENCE_PATCH = "fence-unconfirmed-members"
 #: Stopping a gang sends each running member's node a `stop` activity as well as cancelling its launch.
 STOP_PATCH = "stop-members-directly"
+#: A checkpoint report older than the one the workflow has (a lower ``seq`` of the same attempt) is ignored.
+CHECKPOINT_ORDER_PATCH = "newest-checkpoint-wins"
 #: The stop activity runs in the agent and returns at once; a retry covers a transient error.
 STOP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2))
 
@@ -167,6 +169,8 @@ class WorkflowState:
     lost_nodes: set[str] = field(default_factory=set)
     #: The job's latest checkpoint, from rank 0's LATEST marker; handed to the next attempt.
     latest_checkpoint: str = ""
+    #: The number (``CheckpointReport.seq``) of the current attempt's report that named it.
+    checkpoint_seq: int = 0
 
 
 @workflow.defn(name="TrainingJob")
@@ -216,11 +220,17 @@ class TrainingJobWorkflow:
 
     @workflow.signal
     async def checkpoint(self, report: CheckpointReport) -> None:
+        """Rank 0's agent saw a new checkpoint: the newest wins, here and in the store (whose write, an activity, may
+        land after a later report's: it also ignores an older one)."""
         if report.attempt != self.s.attempt or not report.path or report.path == self.s.latest_checkpoint:
             return
-        self.s.latest_checkpoint = report.path
+        # Histories from before the order rule replay as they ran (the report that came last won).
+        if report.seq < self.s.checkpoint_seq and workflow.patched(CHECKPOINT_ORDER_PATCH):
+            return
+        self.s.latest_checkpoint, self.s.checkpoint_seq = report.path, max(report.seq, self.s.checkpoint_seq)
         assert self.job is not None
-        await _store(StoreActivities.record_checkpoint, CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path))
+        record = CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path, seq=report.seq)
+        await _store(StoreActivities.record_checkpoint, record)
 
     @workflow.signal
     def member_started(self, started: MemberStarted) -> None:
@@ -478,6 +488,7 @@ class TrainingJobWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         await _store(StoreActivities.requeue, RequeueInput(job_id=self.job.job_id, from_attempt=self.s.attempt, reason=reason))
         self.s.attempt += 1
+        self.s.checkpoint_seq = 0
         self.s.placement = None
         self.s.started_members = set()
         self.s.preempt = None

@@ -96,13 +96,19 @@ class CheckpointReport:
     allocation_id: str
     attempt: int
     path: str
+    #: The report's number among its launch activity's reports (1, 2, ...): a higher one names a newer checkpoint.
+    #: 0 from an agent that does not number them.
+    seq: int = 0
 
 
 @dataclass
 class CheckpointInput:
+    """Record the job's newest checkpoint; one older (by attempt, then ``seq``) than the one recorded is ignored."""
+
     job_id: str
     attempt: int
     path: str
+    seq: int = 0
 
 
 @dataclass

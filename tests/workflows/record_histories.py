@@ -183,6 +183,19 @@ async def checkpoints(p: Platform) -> tuple[Handle, str]:
     return handle, "SUCCEEDED"
 
 
+async def checkpoints_out_of_order(p: Platform) -> tuple[Handle, str]:
+    """Rank 0's reports, sent here as its agent would, the older of the last two coming last; then a preemption."""
+    job_id, handle = await p.start("checkpoints-out-of-order", ["python3", "-c", FIRST_ATTEMPT_RUNS])
+    await p.state_is(handle, "RUNNING")
+    status = await handle.query("status", result_type=JobStatus)
+    for seq in (1, 3, 2):
+        # As a mapping: the report's fields, whichever version of the workflow code reads it.
+        report = {"allocation_id": status.allocation_id, "attempt": 1, "path": f"/ckpt/alpha/checkpoints-out-of-order/{seq}", "seq": seq}
+        await handle.signal("checkpoint", report)
+    await starter.preempt(p.client, job_id=job_id, reason="by the recorder")
+    return handle, "SUCCEEDED"
+
+
 async def preempted_resumed(p: Platform) -> tuple[Handle, str]:
     job_id, handle = await p.start("preempted-resumed", ["python3", "-c", PREEMPTIBLE], gpu_count=16)
     await p.state_is(handle, "RUNNING")
@@ -238,6 +251,7 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "cancelled-queued": (cancelled_queued, "real"),
     "cancelled-through-temporal": (cancelled_through_temporal, "real"),
     "checkpoints": (checkpoints, "real"),
+    "checkpoints-out-of-order": (checkpoints_out_of_order, "real"),
     "preempted-resumed": (preempted_resumed, "real"),
     "node-lost": (node_lost, "real"),
     "failed-retried": (failed_retried, "real"),

@@ -6,8 +6,9 @@ of its next attempt, each recorded with the workflow from before the `stop` acti
 members only with the launch's heartbeat) and with the workflow that sends it; and ``before-checkpoint-order-*``,
 recorded by ``record_histories.py`` (which says how) with the workflow from before checkpoints were ordered: a job
 that succeeds, fails, fails to start, times out, is cancelled (running, queued, and through Temporal), checkpoints
-twice, is preempted and resumed from its checkpoint, loses a node, fails and is retried, and whose member's end
-is unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced.
+twice, gets its checkpoint reports out of order (that workflow recorded the older one, which came last), is
+preempted and resumed from its checkpoint, loses a node, fails and is retried, and whose member's end is
+unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def test_every_kind_of_history_is_there() -> None:
         f"before-checkpoint-order-{name}"
         for name in (
             "succeeded", "failed", "start-failed", "timed-out", "cancelled", "cancelled-queued", "cancelled-through-temporal",
-            "checkpoints", "preempted-resumed", "node-lost", "failed-retried", "member-error-fenced", "heartbeat-lost-fenced",
+            "checkpoints", "checkpoints-out-of-order", "preempted-resumed", "node-lost", "failed-retried", "member-error-fenced",
+            "heartbeat-lost-fenced",
         )
     }  # fmt: skip
 

@@ -1,0 +1,65 @@
+"""Rank 0's launch activity reports each checkpoint the job names in CHECKPOINT_DIR/LATEST, numbered in order, so
+that the workflow and the store can tell an older report that came late; other ranks report nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from temporalio.testing import ActivityEnvironment
+
+from worker_agent.launch import LaunchActivities
+from workflows.messages import CheckpointReport, LaunchInput
+
+#: Points LATEST at step-1, then step-2, a second and a half apart (the activity reads it every second), and exits 0.
+CHECKPOINTING = r"""
+import os, time
+d = os.environ["CHECKPOINT_DIR"]
+for name in ("step-1", "step-2"):
+    open(os.path.join(d, name), "w").write(name)
+    open(os.path.join(d, "LATEST.tmp"), "w").write(name + "\n")
+    os.replace(os.path.join(d, "LATEST.tmp"), os.path.join(d, "LATEST"))
+    time.sleep(1.5)
+"""
+
+
+async def run_member(tmp_path: Path, rank: int) -> list[CheckpointReport]:
+    launcher = LaunchActivities(node_id="h1", log_dir=tmp_path / "logs", checkpoint_root=tmp_path / "root")
+    reports: list[CheckpointReport] = []
+
+    async def signal(job_id: str, name: str, arg: object) -> None:
+        if name == "checkpoint":
+            assert isinstance(arg, CheckpointReport)
+            reports.append(arg)
+
+    launcher._signal = signal  # type: ignore[method-assign]
+    # What an earlier attempt left in the marker is not news.
+    (tmp_path / "root" / "ckpt").mkdir(parents=True)
+    (tmp_path / "root" / "ckpt" / "LATEST").write_text("step-0\n")
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC))
+    inp = LaunchInput(
+        job_id="j", attempt=2, allocation_id=f"a-{rank}", node_id="h1", rank=rank, world_size=2, gpu_indices=[0],
+        gpus_per_member=1, argv=[sys.executable, "-c", CHECKPOINTING], env={}, checkpoint_dir="/ckpt",
+        grace_period_s=1.0, master_addr="h1", master_port=29500,
+    )  # fmt: skip
+    result = await env.run(launcher.launch, inp)
+    assert result.exit_code == 0, result
+    if rank == 0:
+        assert result.checkpoint == str(tmp_path / "root" / "ckpt" / "step-2")
+    return reports
+
+
+async def test_rank_0_numbers_its_checkpoint_reports_in_order(tmp_path: Path) -> None:
+    reports = await run_member(tmp_path, rank=0)
+    ckpt = tmp_path / "root" / "ckpt"
+    assert [(r.path, r.seq, r.attempt, r.allocation_id) for r in reports] == [
+        (str(ckpt / "step-1"), 1, 2, "a-0"),
+        (str(ckpt / "step-2"), 2, 2, "a-0"),
+    ]
+
+
+async def test_other_ranks_report_no_checkpoint(tmp_path: Path) -> None:
+    assert await run_member(tmp_path, rank=1) == []
