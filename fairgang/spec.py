@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -60,6 +61,10 @@ MAX_LABEL_KEY = 63
 MAX_LABEL_VALUE = 256
 #: Validation context of a spec the platform itself built (a sweep's trial) or stored: platform names allowed.
 PLATFORM = {"platform": True}
+#: Validation context of a spec read back from the store (:func:`stored_spec`): it met the limits of its day when
+#: it was submitted, so the limits on what a submission may carry (reserved names, sizes, control characters)
+#: are not applied again; a limit added since must not make a queued or running job unreadable.
+STORED = {"platform": True, "stored": True}
 #: C0 control characters and DEL; argv and env values may keep tab, newline and carriage return.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -84,6 +89,10 @@ def _size(value: str) -> int:
 
 def _from_platform(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get("platform"))
+
+
+def _from_store(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -155,12 +164,14 @@ class JobSpec(BaseModel):
 
     @field_validator("tenant", "image", "idempotency_key")
     @classmethod
-    def _plain(cls, value: str | None) -> str | None:
-        return None if value is None else _no_control(value, "the value")
+    def _plain(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if value is None or _from_store(info) else _no_control(value, "the value")
 
     @field_validator("entrypoint")
     @classmethod
-    def _entrypoint(cls, value: list[str]) -> list[str]:
+    def _entrypoint(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if _from_store(info):
+            return value
         if not value[0].strip():
             raise ValueError("the program (first element) must not be empty")
         if len(value) > MAX_ARGS:
@@ -176,6 +187,8 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if _from_store(info):
+            return value
         if len(value) > MAX_ENV_VARS:
             raise ValueError(f"{len(value)} variables: at most {MAX_ENV_VARS}")
         for key, item in value.items():
@@ -194,6 +207,8 @@ class JobSpec(BaseModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if _from_store(info):
+            return value
         if len(value) > MAX_LABELS:
             raise ValueError(f"{len(value)} labels: at most {MAX_LABELS}")
         for key, item in value.items():
@@ -209,7 +224,9 @@ class JobSpec(BaseModel):
 
     @field_validator("checkpoint_dir")
     @classmethod
-    def _checkpoint_dir(cls, value: str) -> str:
+    def _checkpoint_dir(cls, value: str, info: ValidationInfo) -> str:
+        if _from_store(info):
+            return value
         _no_control(value, "the path")
         if not value.startswith("/"):
             raise ValueError("must be an absolute path")
@@ -234,6 +251,20 @@ class JobSpec(BaseModel):
     @property
     def priority(self) -> int:
         return PRIORITY_CLASSES[self.priority_class]
+
+    def stored(self, tenant: str) -> dict[str, Any]:
+        """The spec as the store keeps it (``job.spec``): JSON values, the tenant filled in, no idempotency key (the
+        job row has its own). :func:`stored_spec` reads it back into an equal model, but for the key."""
+        return self.model_dump(mode="json", exclude={"idempotency_key"}) | {"tenant": tenant}
+
+
+def stored_spec(spec: Mapping[str, Any]) -> JobSpec:
+    """A job's spec as stored (``job.spec``, see :meth:`JobSpec.stored`), as the model.
+
+    Rows written by earlier versions lack the fields added since: the model's defaults fill them in. The
+    submission limits are not checked again (see ``STORED``).
+    """
+    return JobSpec.model_validate(spec, context=STORED)
 
 
 class SpecProblem(BaseModel):

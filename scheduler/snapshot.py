@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fairgang.spec import JobSpec, stored_spec
 from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView
 from store import snapshot as rows_of
 from store import usage
@@ -32,13 +33,13 @@ class JobFacts:
     preemptible: bool
 
 
-def job_facts(spec: dict[str, Any]) -> JobFacts:
-    topology = spec.get("topology") or {}
+def job_facts(spec: JobSpec) -> JobFacts:
+    """What the core needs of a job's spec (the rest of a :class:`PendingJob` comes from the job's row)."""
     return JobFacts(
-        topology_level=topology.get("level", "any"),
-        topology_required=topology.get("mode", "required") == "required",
-        max_runtime_s=float(spec.get("max_runtime") or 3600.0),
-        preemptible=bool(spec.get("preemptible", True)),
+        topology_level=spec.topology.level,
+        topology_required=spec.topology.mode == "required",
+        max_runtime_s=spec.max_runtime,
+        preemptible=spec.preemptible,
     )
 
 
@@ -83,7 +84,7 @@ class SnapshotReader:
             missing = [job_id for job_id in need if job_id not in self._facts]
             if missing:
                 for job_id, spec in (await rows_of.job_specs(session, missing)).items():
-                    self._facts[job_id] = job_facts(spec)
+                    self._facts[job_id] = job_facts(stored_spec(spec))
             holding = [r[0] for r in rows.live] + list(rows.revoked)
             new_allocs = [alloc_id for alloc_id in holding if alloc_id not in self._members]
             if new_allocs:

@@ -51,7 +51,7 @@ async def create_job(
         tenant=tenant,
         name=spec.name,
         idempotency_key=key,
-        spec=spec.model_dump(mode="json", exclude={"idempotency_key"}) | {"tenant": tenant},
+        spec=spec.stored(tenant),
         gpu_type=spec.gpu_type,
         gpu_count=spec.gpu_count,
         priority=spec.priority,

@@ -10,6 +10,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 
 from fairgang import metrics
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
+from fairgang.spec import stored_spec
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
 from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
 
@@ -21,20 +22,21 @@ async def connect(settings: Settings) -> Client:
 
 
 def job_input(job: Any, settings: Settings) -> JobInput:
-    """The workflow's start input, from a job row."""
-    spec = job.spec
+    """The workflow's start input, from a job row: its stored spec (:func:`~fairgang.spec.stored_spec`) and the
+    control plane's settings."""
+    spec = stored_spec(job.spec)
     return JobInput(
         job_id=job.id,
         tenant=job.tenant,
-        gpu_type=job.gpu_type,
-        gpu_count=job.gpu_count,
-        argv=list(spec["entrypoint"]),
-        env=dict(spec.get("env") or {}),
-        checkpoint_dir=spec["checkpoint_dir"],
-        max_runtime_s=float(spec["max_runtime"]),
-        grace_period_s=float(spec["grace_period"]),
-        image=str(spec.get("image") or "local"),
-        retries=int(spec.get("retries", 0)),
+        gpu_type=spec.gpu_type,
+        gpu_count=spec.gpu_count,
+        argv=list(spec.entrypoint),
+        env=dict(spec.env),
+        checkpoint_dir=spec.checkpoint_dir,
+        max_runtime_s=spec.max_runtime,
+        grace_period_s=spec.grace_period,
+        image=spec.image,
+        retries=spec.retries,
         heartbeat_timeout_s=settings.activity_heartbeat_timeout_s,
         infra_retry_limit=settings.infra_retry_limit,
         infra_retry_backoff_s=settings.infra_retry_backoff_s,
