@@ -6,12 +6,12 @@ heartbeat loop against the API over HTTP, simulated GPUs) serving its own Tempor
 connection pool among them.
 
 What differs from a real agent is the member: :class:`SimulatedLaunch` is the launch activity with
-the process replaced by a timer. A job whose spec's env has ``FAIRGANG_SIM_RUNTIME_S`` "runs" that
+the process replaced by a timer. A job whose spec's env has ``SIM_RUNTIME_S`` "runs" that
 long and exits 0; ``FAIRGANG_SIM_STOP_S`` is how long it takes to stop after SIGTERM (default 0).
 Otherwise the activity does what the real one does: the member is in ``running`` (so heartbeats report
 it and its GPUs as busy), holds a lease that heartbeat answers renew, signals ``member_started``,
 heartbeats every second, ends fenced when the agent fences it or its lease runs out, and on
-cancellation stops (the simulated grace) and re-raises. A job without ``FAIRGANG_SIM_RUNTIME_S`` runs
+cancellation stops (the simulated grace) and re-raises. A job without ``SIM_RUNTIME_S`` runs
 its real process through :class:`~worker_agent.launch.LaunchActivities`.
 
 The host measures every heartbeat (time to the API's answer, its status) and writes them, with launch
@@ -55,7 +55,7 @@ from workflows.job import MEMBER_FENCED
 from workflows.messages import LaunchInput, LaunchResult, MemberStarted
 
 log = logging.getLogger("fairgang.agent_host")
-RUNTIME_ENV = "FAIRGANG_SIM_RUNTIME_S"
+RUNTIME_ENV = "SIM_RUNTIME_S"
 STOP_ENV = "FAIRGANG_SIM_STOP_S"
 
 

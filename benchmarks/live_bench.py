@@ -261,7 +261,7 @@ class Client:
             "max_runtime": "47h",
             "grace_period": "5s",
             "checkpoint_dir": f"/ckpt/{tenant}/{name}",
-            "env": {"FAIRGANG_SIM_RUNTIME_S": f"{runtime:.3f}"},
+            "env": {"SIM_RUNTIME_S": f"{runtime:.3f}"},
         }
         return tenant, body
 

@@ -25,7 +25,7 @@ its ledger from these rows).
 With ``--live`` the current jobs are left for a live platform to run: the 2,000 "running" and 2,000
 queued jobs are all stored as just submitted (QUEUED, their workflows not started yet), so the
 platform's reconciler starts their workflows and the placement service places them. Their specs
-carry ``FAIRGANG_SIM_RUNTIME_S`` (the simulated run time, see benchmarks/agent_host.py).
+carry ``SIM_RUNTIME_S`` (the simulated run time, see benchmarks/agent_host.py).
 
 It writes the cluster config it used (``cluster.yaml``, so that simulated agents can register as
 those nodes) and ``tokens.json`` into ``--out``, and prints where they are::
@@ -228,7 +228,7 @@ class Maker:
     ) -> dict[str, Any]:
         self.serial += 1
         name = f"train-{self.serial:06d}"
-        env = {"FAIRGANG_SIM_RUNTIME_S": f"{sim_runtime_s:.3f}"} if sim_runtime_s is not None else {}
+        env = {"SIM_RUNTIME_S": f"{sim_runtime_s:.3f}"} if sim_runtime_s is not None else {}
         priority_class = self.rng.choices(["low", "normal", "high"], [0.15, 0.75, 0.1])[0]
         spec = self.spec_template | {
             "name": name,
