@@ -11,14 +11,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants
-from api.deps import AppState, State
-from api.limits import BodySizeLimit
+from api.deps import AppState, State, log
+from api.limits import BodySizeLimit, problem
 from api.views import ViewUnavailable
 from fairgang import __version__
 from fairgang.settings import Settings
-from store.db import Database
+from store.db import Database, store_busy
+
+#: What a 503 for a busy store tells the client to wait, in seconds.
+STORE_BUSY_RETRY_S = 2
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -26,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = Database(settings.database_url)
+        db = Database(settings.database_url, busy_timeout_s=settings.api_store_busy_timeout_s)
         app.state.fairgang = AppState(settings=settings, db=db)
         try:
             yield
@@ -48,6 +53,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
         problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()]
         return JSONResponse({"detail": {"error": "invalid request", "problems": problems}}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(PoolTimeout)
+    async def _busy(request: Request, err: Exception) -> JSONResponse:
+        if not store_busy(err):
+            raise err
+        log.warning("store busy on %s %s: %s", request.method, request.url.path, err)
+        body = problem(503, "the store is busy (its write lock or its connections): try again shortly")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(STORE_BUSY_RETRY_S)}, media_type="application/problem+json")
 
     @app.exception_handler(ViewUnavailable)
     async def _not_yet(_request: Request, err: ViewUnavailable) -> JSONResponse:

@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = 256 * 1024
     #: A client whose bearer tokens were refused this many times in a minute gets 429 (0: no limit).
     auth_failures_per_minute: int = 30
+    #: SQLite: how long the API's writes wait for the write lock before answering 503 (Retry-After).
+    api_store_busy_timeout_s: float = 8.0
     #: Shared directory for per-attempt job logs (a shared filesystem in production).
     log_dir: Path = Path("fairgang-logs")
     #: Launch activities heartbeat; a member silent this long is treated as lost.

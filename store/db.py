@@ -11,6 +11,8 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from fairgang.settings import normalise_database_url
@@ -19,11 +21,12 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 NOTIFY_CHANNEL = "fairgang_wake"
 
 
-def make_engine(url: str, *, immediate: bool = True, **kwargs: Any) -> AsyncEngine:
+def make_engine(url: str, *, immediate: bool = True, busy_timeout_s: float = 30.0, **kwargs: Any) -> AsyncEngine:
     """Create the async engine with the settings each backend needs to be shared safely.
 
     SQLite is shared by several local processes: WAL lets readers run beside a writer and
-    the busy timeout makes a writer wait instead of failing. With ``immediate`` every
+    the busy timeout (``busy_timeout_s``) makes a writer wait for the lock instead of failing at once;
+    past it the statement fails with "database is locked" (the API answers 503). With ``immediate`` every
     transaction starts with BEGIN IMMEDIATE, so that a read-then-write transaction never
     fails on lock upgrade (SQLITE_BUSY_SNAPSHOT) under contention; without it (the read
     engine) a plain BEGIN reads one consistent snapshot and never waits for the write lock,
@@ -34,14 +37,14 @@ def make_engine(url: str, *, immediate: bool = True, **kwargs: Any) -> AsyncEngi
         path = url.split(":///", 1)[1] if ":///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
+        engine = create_async_engine(url, connect_args={"timeout": busy_timeout_s}, **kwargs)
 
         @event.listens_for(engine.sync_engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.close()
@@ -70,10 +73,11 @@ class Database:
     transactions do not take the write lock (see :func:`make_engine`).
     """
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, **kwargs: Any) -> None:
         self.url = normalise_database_url(url)
-        self.engine = make_engine(self.url, **kwargs)
-        self.read_engine = make_engine(self.url, immediate=False, **kwargs) if self.url.startswith("sqlite") else self.engine
+        self.engine = make_engine(self.url, busy_timeout_s=busy_timeout_s, **kwargs)
+        sqlite = self.url.startswith("sqlite")
+        self.read_engine = make_engine(self.url, immediate=False, busy_timeout_s=busy_timeout_s, **kwargs) if sqlite else self.engine
         #: Read-only work; on SQLite a write here may fail with "database is locked" under contention.
         self.sessions = async_sessionmaker(self.read_engine, expire_on_commit=False)
         self._writes = async_sessionmaker(self.engine, expire_on_commit=False)
@@ -92,6 +96,16 @@ class Database:
         await self.engine.dispose()
         if self.read_engine is not self.engine:
             await self.read_engine.dispose()
+
+
+def store_busy(err: BaseException) -> bool:
+    """Did the store turn a statement away for contention: SQLite's lock wait or the pool's ran out?"""
+    if isinstance(err, PoolTimeout):
+        return True
+    if isinstance(err, OperationalError):
+        message = str(err.orig).lower()
+        return "database is locked" in message or "database is busy" in message
+    return False
 
 
 def alembic_config(url: str) -> Config:
