@@ -7,6 +7,7 @@ placement service, in tests and in the simulator.
 
 from scheduler.core.cycle import run_cycle
 from scheduler.core.incremental import Scheduler
+from scheduler.core.reasons import Pending, PendingReason, reason_text
 from scheduler.core.types import (
     Bind,
     Decisions,
@@ -29,7 +30,9 @@ __all__ = [
     "Fragmentation",
     "Member",
     "NodeView",
+    "Pending",
     "PendingJob",
+    "PendingReason",
     "Preempt",
     "Quota",
     "Reservation",
@@ -38,5 +41,6 @@ __all__ = [
     "SchedulerConfig",
     "Snapshot",
     "TenantView",
+    "reason_text",
     "run_cycle",
 ]

@@ -27,6 +27,7 @@ from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook
+from scheduler.core.reasons import Pending, PendingReason, pending_reason
 from scheduler.core.reserve import plan_reservation
 from scheduler.core.state import Pool, Workspace
 from scheduler.core.types import (
@@ -57,7 +58,7 @@ class Cycle:
     capacity: dict[str, int]
     standing: dict[str, Reservation]
     binds: list[Bind] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, PendingReason] = field(default_factory=dict)
     preemptions: list[Preempt] = field(default_factory=list)
     nominations: list[Reservation] = field(default_factory=list)
     #: GPU type -> (holder, its reservation): one EASY reservation per type.
@@ -82,7 +83,8 @@ class Cycle:
     shapes: dict[tuple[str, int, str, bool], ShapeInfo] = field(default_factory=dict)
     #: (GPU type, tenant) -> the lowest priority among its jobs that may be victims this cycle (built on first need).
     own_lowest: dict[tuple[str, str], int] = field(default_factory=dict)
-    quota_texts: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    #: (tenant, GPU type, the tenant's usage version) -> its "over quota" reason.
+    quota_reasons: dict[tuple[str, str, int], PendingReason] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
@@ -123,7 +125,8 @@ def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
     reservations = [res for _, (_, res) in sorted(cycle.easy.items())] + cycle.nominations
     return Decisions(
         binds=tuple(cycle.binds),
-        pending_reasons=cycle.reasons,
+        pending_reasons={job_id: why.text for job_id, why in cycle.reasons.items()},
+        pending_codes={job_id: why.code for job_id, why in cycle.reasons.items()},
         preemptions=tuple(cycle.preemptions),
         reservations=tuple(reservations),
         fragmentation=fragmentation(cycle.ws),
@@ -232,12 +235,13 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
     info = cycle.shapes.get(shape)
     if info is None:
         info = cycle.shapes[shape] = _shape_info(ws, job)
-    never, pool, cache_key, no_fit_text = info
+    # The reasons are tried in Pending's rank order: the first that applies is the job's.
+    shape_reason, pool, cache_key = info
     if pool is None:
-        cycle.reasons[job.id] = never
+        cycle.reasons[job.id] = shape_reason  # it can never fit
         return
     if not cycle.config.backfill and job.gpu_type in cycle.easy:
-        cycle.reasons[job.id] = f"reserved behind job {cycle.easy[job.gpu_type][0].id} (backfill is off)"
+        cycle.reasons[job.id] = pending_reason(Pending.BACKFILL_OFF, holder=cycle.easy[job.gpu_type][0].id)
         return
     end = cycle.now + job.max_runtime_s
     entitled = cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count)
@@ -251,19 +255,19 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
     if not fits and not hopeless:
         cycle.no_fit_from[cache_key] = job.gpu_count
     if not entitled:
-        cycle.reasons[job.id] = no_fit_text if not fits else _over_quota(cycle, job)
+        cycle.reasons[job.id] = shape_reason if not fits else _over_quota(cycle, job)
         return
     if fits:
         ignoring = place(ws, pool, job, None)
         assert ignoring is not None
-        cycle.reasons[job.id] = f"reserved behind job {_blocking_holder(pool, ws, ignoring, job)}"
+        cycle.reasons[job.id] = pending_reason(Pending.RESERVED, holder=_blocking_holder(pool, ws, ignoring, job))
         return
     plan = _try_preemption(cycle, pool, job, end)
     if plan is not None:
         commit_plan(cycle, job, plan)
         return
     cycle.blocked.setdefault(job.gpu_type, []).append(job)
-    cycle.reasons[job.id] = no_fit_text
+    cycle.reasons[job.id] = shape_reason
     if job.gpu_type not in cycle.easy:
         reserve(cycle, pool, job)
 
@@ -271,24 +275,37 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
 #: Larger than any GPU count: no job of the key has failed to fit yet.
 _NEVER_FAILED = 1 << 62
 
-#: Per job shape, for one cycle: why it can never fit (when its pool is None), its pool, its no-fit key, its no-fit reason.
-ShapeInfo = tuple[str, Pool | None, tuple[str, int, bool], str]
+#: Per job shape, for one cycle: why it can never fit and no pool, or why it does not fit now and its pool;
+#: and its no-fit key.
+ShapeInfo = tuple[PendingReason, Pool | None, tuple[str, int, bool]]
 
 
 def _shape_info(ws: Workspace, job: PendingJob) -> ShapeInfo:
     pool = ws.pools.get(job.gpu_type)
-    never = never_fits(ws, pool, job, pool is not None)
-    if never is not None or pool is None:
-        return never or f"node shape can never fit: no {job.gpu_type} node", None, (job.gpu_type, 0, False), ""
-    return "", pool, _fit_key(ws.upper, pool, job), no_fit_reason(job, pool)
+    never = never_fits(ws, pool, job)
+    if never is not None:
+        return never, None, (job.gpu_type, 0, False)
+    assert pool is not None  # a GPU type without nodes can never fit
+    return no_fit_reason(job, pool), pool, _fit_key(ws.upper, pool, job)
 
 
-def _over_quota(cycle: Cycle, job: PendingJob) -> str:
-    key = (job.tenant, job.gpu_type, cycle.book.tenant(job.tenant).version)
-    text = cycle.quota_texts.get(key)
-    if text is None:
-        text = cycle.quota_texts[key] = "over quota: " + cycle.book.headroom(job.tenant, job.gpu_type)
-    return text
+def _over_quota(cycle: Cycle, job: PendingJob) -> PendingReason:
+    book = cycle.book
+    tenant = book.tenant(job.tenant)
+    key = (job.tenant, job.gpu_type, tenant.version)
+    found = cycle.quota_reasons.get(key)
+    if found is None:
+        quota = book.quota(job.tenant, job.gpu_type)
+        found = cycle.quota_reasons[key] = pending_reason(
+            Pending.OVER_QUOTA,
+            tenant=job.tenant,
+            used=book.used(job.tenant, job.gpu_type),
+            gpu_type=job.gpu_type,
+            nominal=quota.nominal,
+            cohort=tenant.cohort,
+            borrow_limit=quota.borrow_limit,
+        )
+    return found
 
 
 def _fit_key(upper: tuple[str, ...], pool: Pool, job: PendingJob) -> tuple[str, int, bool]:
@@ -301,14 +318,14 @@ def _fit_key(upper: tuple[str, ...], pool: Pool, job: PendingJob) -> tuple[str, 
     return (job.gpu_type, -1 if cap is None else cap, False)
 
 
-def no_fit_reason(job: PendingJob, pool: Pool) -> str:
-    """Why a job that an emptier fleet could hold does not fit now."""
+def no_fit_reason(job: PendingJob, pool: Pool, holds: tuple[str, ...] = (), start_at: float = 0.0) -> PendingReason:
+    """Why a job that an emptier fleet could hold does not fit now (and the reservation it holds, if any)."""
     if not pool.nodes:
-        return f"no schedulable {job.gpu_type} node"
+        return pending_reason(Pending.NO_SCHEDULABLE_NODE, gpu_type=job.gpu_type)
     if job.gpu_count <= pool.max_size:
-        return f"no {job.gpu_type} node has {job.gpu_count} free GPUs"
-    where = f" in one {job.topology_level}" if job.topology_level != "any" and job.topology_required else ""
-    return f"no topology domain fits: not enough wholly free {job.gpu_type} nodes{where} for {job.gpu_count} GPUs"
+        return pending_reason(Pending.NO_FREE_NODE, gpu_type=job.gpu_type, count=job.gpu_count, holds=holds, start_at=start_at)
+    level = job.topology_level if job.topology_level != "any" and job.topology_required else None
+    return pending_reason(Pending.NO_FREE_DOMAIN, gpu_type=job.gpu_type, count=job.gpu_count, level=level, holds=holds, start_at=start_at)
 
 
 def _blocking_holder(pool: Pool, ws: Workspace, members: tuple[Member, ...], job: PendingJob) -> str:
@@ -393,7 +410,7 @@ def nominate(
     cycle.nominations.append(
         Reservation(job_id=job.id, node_ids=node_ids, start_at=start_at, victims=victim_ids, members=members, reason=reason)
     )
-    cycle.reasons[job.id] = "waiting for preemption of " + ", ".join(victim_ids)
+    cycle.reasons[job.id] = pending_reason(Pending.PREEMPTING, victims=victim_ids)
 
 
 def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:
@@ -406,12 +423,8 @@ def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:
         pool.holds[node.ord] = hold
     res = Reservation(job_id=job.id, node_ids=tuple(sorted(n.id for n in nodes)), start_at=start_at)
     cycle.easy[job.gpu_type] = (job, res)
-    cycle.reasons[job.id] = no_fit_reason(job, pool) + f"; holds a reservation on {_node_list(res.node_ids)} from t={start_at:.0f}"
+    cycle.reasons[job.id] = no_fit_reason(job, pool, holds=res.node_ids, start_at=start_at)
     return True
-
-
-def _node_list(node_ids: tuple[str, ...]) -> str:
-    return ", ".join(node_ids) if len(node_ids) <= 4 else f"{', '.join(node_ids[:4])} and {len(node_ids) - 4} more"
 
 
 # ---------------------------------------------------------------- 5. settle

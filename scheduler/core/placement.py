@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from scheduler.core.reasons import Pending, PendingReason, pending_reason
 from scheduler.core.state import DomainKey, Hold, NodeState, Pool, Workspace
 from scheduler.core.types import Member, PendingJob
 
@@ -43,25 +44,25 @@ def level_index(upper: tuple[str, ...], level: str) -> int | None:
     return upper.index(level) if level in upper else None
 
 
-def never_fits(ws: Workspace, pool: Pool | None, job: PendingJob, gpu_type_known: bool) -> str | None:
+def never_fits(ws: Workspace, pool: Pool | None, job: PendingJob) -> PendingReason | None:
     """Why no state of the fleet could ever hold this job (static node shapes), or None."""
-    if pool is None or not gpu_type_known:
-        return f"node shape can never fit: no {job.gpu_type} node in the fleet"
+    if pool is None:
+        return pending_reason(Pending.NO_GPU_TYPE, gpu_type=job.gpu_type)
     if job.gpu_count <= 0:
-        return "node shape can never fit: a job needs at least one GPU"
+        return pending_reason(Pending.NO_GPUS)
     if job.gpu_count <= pool.max_size:
         return None
     level = job.topology_level
     if level != "any" and level_index(ws.upper, level) is None:
-        return f"node shape can never fit: unknown topology level {level!r} (levels: node, {', '.join(ws.upper)})"
+        return pending_reason(Pending.UNKNOWN_LEVEL, level=level, levels=ws.upper)
     if job.topology_required and level == "node":
-        return f"node shape can never fit: {job.gpu_count} GPUs on one node, the largest {job.gpu_type} node has {pool.max_size}"
+        return pending_reason(Pending.NODE_TOO_SMALL, count=job.gpu_count, gpu_type=job.gpu_type, largest=pool.max_size)
     if job.topology_required and level != "any":
         best = max(pool.static[level_index(ws.upper, level) or 0].values(), default=0)
         if best < job.gpu_count:
-            return f"node shape can never fit: the largest {level} has {best} {job.gpu_type} GPUs, the job needs {job.gpu_count}"
+            return pending_reason(Pending.DOMAIN_TOO_SMALL, level=level, largest=best, gpu_type=job.gpu_type, count=job.gpu_count)
     if pool.static_total < job.gpu_count:
-        return f"node shape can never fit: the fleet has {pool.static_total} {job.gpu_type} GPUs in big nodes, it needs {job.gpu_count}"
+        return pending_reason(Pending.FLEET_TOO_SMALL, largest=pool.static_total, gpu_type=job.gpu_type, count=job.gpu_count)
     return None
 
 

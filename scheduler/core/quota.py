@@ -185,17 +185,6 @@ class QuotaBook:
         """Does the tenant use more than its nominal (after giving back ``minus``)?"""
         return self.used(name, gpu_type) - minus > self.quota(name, gpu_type).nominal
 
-    def headroom(self, name: str, gpu_type: str) -> str:
-        """A short account for the "over quota" reason."""
-        quota = self.quota(name, gpu_type)
-        tenant = self.tenant(name)
-        limit = (
-            "no borrowing"
-            if tenant.cohort is None
-            else ("unlimited borrowing" if quota.borrow_limit is None else f"borrow limit {quota.borrow_limit}")
-        )
-        return f"tenant {name} uses {self.used(name, gpu_type)} {gpu_type} GPUs, nominal {quota.nominal}, {limit}"
-
 
 def usage_of(running: tuple[RunningJob, ...] | list[RunningJob]) -> dict[tuple[str, str], int]:
     """GPUs held per (tenant, GPU type)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.core.reasons import Pending
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -209,7 +211,10 @@ class Decisions:
     """What a cycle decided: bindings in commit order, and why the others wait."""
 
     binds: tuple[Bind, ...] = ()
+    #: Job id -> why it waits, as shown (``reason_text`` of its code); every pending job not bound has one.
     pending_reasons: dict[str, str] = field(default_factory=dict)
+    #: Job id -> the code of its pending reason (the same jobs as ``pending_reasons``).
+    pending_codes: dict[str, Pending] = field(default_factory=dict)
     preemptions: tuple[Preempt, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     fragmentation: Fragmentation | None = None

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core import NodeView, PendingJob, Snapshot, run_cycle
+from scheduler.core import NodeView, Pending, PendingJob, Snapshot, run_cycle
 
 CORE = Path(__file__).resolve().parents[2] / "scheduler" / "core"
 FORBIDDEN = {
@@ -51,7 +51,8 @@ def test_gang_takes_whole_nodes_in_one_leaf_or_waits() -> None:
     nodes = (node("a", leaf="l1"), node("b", leaf="l2", free={1, 2, 3, 4, 5, 6, 7}), node("c", leaf="l2"))
     decisions = run_cycle(Snapshot(nodes=nodes, pending=(job("big", 16, level="leaf"),)), 0.0)
     assert decisions.binds == ()
-    assert "in one leaf" in decisions.pending_reasons["big"]
+    assert decisions.pending_codes["big"] == Pending.NO_FREE_DOMAIN
+    assert decisions.pending_reasons["big"] == "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs"
     more = (*nodes, node("d", leaf="l1"))
     [bind] = run_cycle(Snapshot(nodes=more, pending=(job("big", 16, level="leaf"),)), 0.0).binds
     assert [(m.node_id, m.rank, len(m.gpu_indices)) for m in bind.members] == [("a", 0, 8), ("d", 1, 8)]
@@ -60,7 +61,7 @@ def test_gang_takes_whole_nodes_in_one_leaf_or_waits() -> None:
 def test_unschedulable_nodes_and_other_gpu_types_are_never_used() -> None:
     snap = Snapshot(nodes=(node("a", schedulable=False), node("b", gpu_type="L40S")), pending=(job("j", 1),))
     decisions = run_cycle(snap, 0.0)
-    assert decisions.binds == () and "no schedulable H100 node" in decisions.pending_reasons["j"]
+    assert decisions.binds == () and decisions.pending_codes["j"] == Pending.NO_SCHEDULABLE_NODE
 
 
 def test_higher_priority_then_older_goes_first() -> None:

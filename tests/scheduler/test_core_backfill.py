@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import Reservation, SchedulerConfig, run_cycle
+from scheduler.core import Pending, Reservation, SchedulerConfig, run_cycle
 from tests.scheduler.test_core_builders import H, Sim, job, leaf_nodes, placed, running, snap, tenant
 
 MIN = 60.0
@@ -18,6 +18,7 @@ def test_a_head_that_cannot_fit_reserves_the_node_that_frees_earliest() -> None:
     nodes, busy = _two_nodes_busy()
     decisions = run_cycle(snap(nodes, [job("big", 8)], running_jobs=busy), 0.0)
     assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=H),)
+    assert decisions.pending_codes["big"] == Pending.NO_FREE_NODE
     assert decisions.pending_reasons["big"] == "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from t=3600"
 
 
@@ -33,7 +34,7 @@ def test_a_job_that_would_delay_the_reservation_waits_behind_it() -> None:
     pending = [job("big", 8, queued_at=0), job("long", 2, queued_at=1, runtime=4 * H)]
     decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
     assert decisions.binds == ()
-    assert decisions.pending_reasons["long"] == "reserved behind job big"
+    assert decisions.pending_codes["long"] == Pending.RESERVED and decisions.pending_reasons["long"] == "reserved behind job big"
 
 
 def test_a_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
@@ -42,7 +43,7 @@ def test_a_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
     decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
     # At t=1h l1-n1 has 8 free, "six" needs 6: 2 spare GPUs for jobs that run past the shadow time.
     assert placed(decisions) == {"long": [("l1-n1", (4, 5))]}
-    assert decisions.pending_reasons["long2"] == "reserved behind job six"
+    assert decisions.pending_codes["long2"] == Pending.RESERVED and decisions.pending_reasons["long2"] == "reserved behind job six"
 
 
 def test_a_long_job_may_use_nodes_outside_the_reservation() -> None:
@@ -59,6 +60,7 @@ def test_without_backfill_nothing_passes_a_blocked_head() -> None:
     pending = [job("big", 8, queued_at=0), job("short", 2, queued_at=1, runtime=0.5 * H)]
     decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=SchedulerConfig(backfill=False)), 10.0)
     assert decisions.binds == ()
+    assert decisions.pending_codes["short"] == Pending.BACKFILL_OFF
     assert decisions.pending_reasons["short"] == "reserved behind job big (backfill is off)"
 
 
@@ -83,7 +85,11 @@ def test_the_reservation_carried_to_the_next_cycle_goes_to_the_longest_waiting_b
     decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), 5 * H)
     # fresh1 is first in fair order and held the reservation during the cycle; the gang has waited 5 h and keeps it.
     assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=7 * H),)
-    assert decisions.pending_reasons["gang"].endswith("holds a reservation on l1-n0, l1-n1 from t=25200")
+    assert (decisions.pending_codes["gang"], decisions.pending_codes["fresh1"]) == (Pending.NO_FREE_DOMAIN, Pending.NO_FREE_NODE)
+    assert decisions.pending_reasons["gang"] == (
+        "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs; "
+        "holds a reservation on l1-n0, l1-n1 from t=25200"
+    )
     assert decisions.pending_reasons["fresh1"] == "no H100 node has 4 free GPUs"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import Reservation, SchedulerConfig, run_cycle
+from scheduler.core import Pending, Reservation, SchedulerConfig, run_cycle
 from tests.scheduler.test_core_builders import H, job, leaf_nodes, node, placed, running, snap, tenant
 
 COHORT = [tenant("a", cohort="c", nominal=8), tenant("b", cohort="c", nominal=8)]
@@ -30,7 +30,7 @@ def test_non_preemptible_jobs_are_never_victims() -> None:
         running("a-2", {"l1-n1": tuple(range(8))}, tenant="a", preemptible=False),
     ]
     decisions = run_cycle(snap(leaf_nodes("l1", 2), [job("b0", 8, tenant="b")], running_jobs=jobs, tenants=COHORT), NOW)
-    assert decisions.preemptions == () and decisions.pending_reasons["b0"].startswith("no H100 node has 8 free GPUs")
+    assert decisions.preemptions == () and decisions.pending_codes["b0"] == Pending.NO_FREE_NODE
 
 
 def test_a_job_inside_its_minimum_runtime_is_not_preempted() -> None:
@@ -75,7 +75,7 @@ def test_nominated_gpus_are_not_given_to_anyone_else_in_the_same_cycle() -> None
     decisions = run_cycle(snap([node("n")], pending, running_jobs=jobs), NOW)
     assert [p.job_id for p in decisions.preemptions] == ["low"]
     assert decisions.binds == ()
-    assert decisions.pending_reasons["other"].startswith("no H100 node has 2 free GPUs")
+    assert decisions.pending_codes["other"] == Pending.NO_FREE_NODE
 
 
 def test_a_nomination_holds_while_its_victims_stop_and_binds_when_they_have() -> None:
@@ -85,7 +85,8 @@ def test_a_nomination_holds_while_its_victims_stop_and_binds_when_they_have() ->
     # Next cycle the victim is still checkpointing: same preemption, same nomination, nobody takes GPUs 6 and 7.
     second = run_cycle(snap([node("n")], pending, running_jobs=jobs, reservations=first.reservations), NOW + 30)
     assert second.preemptions == first.preemptions and second.reservations == first.reservations
-    assert second.binds == () and second.pending_reasons["p"] == "waiting for preemption of low"
+    assert second.binds == () and second.pending_codes["p"] == Pending.PREEMPTING
+    assert second.pending_reasons["p"] == "waiting for preemption of low"
     # The victim has stopped: p binds onto exactly the nominated GPUs.
     third = run_cycle(snap([node("n")], pending, reservations=second.reservations), NOW + 60)
     assert placed(third) == {"p": [("n", tuple(range(8)))]}
@@ -103,6 +104,7 @@ def test_every_waiting_job_has_a_reason_naming_what_it_waits_for() -> None:
     decisions = run_cycle(snap(nodes, pending, running_jobs=jobs, tenants=tenants), NOW)
     reasons = decisions.pending_reasons
     assert set(reasons) == {"over", "wide"} and [b.job_id for b in decisions.binds] == ["fits"]
+    assert decisions.pending_codes == {"over": Pending.OVER_QUOTA, "wide": Pending.DOMAIN_TOO_SMALL}
     assert reasons["over"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, no borrowing"
     assert reasons["wide"] == "node shape can never fit: the largest leaf has 16 H100 GPUs, the job needs 24"
 
@@ -112,10 +114,12 @@ def test_a_job_behind_a_reservation_names_the_holder_and_a_gang_without_a_domain
     jobs = [running("r1", {"l1-n0": (0,)}, end=H), running("r2", {"l2-n0": (0,)}, end=2 * H)]
     pending = [job("gang", 16, level="leaf", queued_at=0), job("long", 8, queued_at=1, runtime=5 * H)]
     decisions = run_cycle(snap(nodes, pending, running_jobs=jobs), 0.0)
-    assert decisions.pending_reasons["gang"].startswith(
-        "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs"
+    assert decisions.pending_codes["gang"] == Pending.NO_FREE_DOMAIN
+    assert decisions.pending_reasons["gang"] == (
+        "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs; "
+        "holds a reservation on l1-n0, l1-n1 from t=3600"
     )
     assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=H),)
     assert placed(decisions) == {"long": [("l2-n1", tuple(range(8)))]}
     more = run_cycle(snap(nodes, [*pending, job("long2", 8, queued_at=2, runtime=5 * H)], running_jobs=jobs), 0.0)
-    assert more.pending_reasons["long2"] == "reserved behind job gang"
+    assert more.pending_codes["long2"] == Pending.RESERVED and more.pending_reasons["long2"] == "reserved behind job gang"

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core import Decisions, NodeView, Quota, RunningJob, SchedulerConfig, Snapshot, TenantView, run_cycle
+from scheduler.core import Decisions, NodeView, Pending, Quota, RunningJob, SchedulerConfig, Snapshot, TenantView, run_cycle
 from tests.scheduler.test_core_builders import H, job, node, running
 
 TYPES = {"H100": 8, "L40S": 4}
@@ -125,6 +125,9 @@ def check_invariants(snapshot: Snapshot, decisions: Decisions, now: float) -> No
     # Every pending job is bound or has a reason, never both.
     bound = {b.job_id for b in decisions.binds}
     assert bound.isdisjoint(decisions.pending_reasons) and bound | set(decisions.pending_reasons) == set(pending)
+    # Each has a code beside its text.
+    assert decisions.pending_codes.keys() == decisions.pending_reasons.keys()
+    assert all(isinstance(code, Pending) for code in decisions.pending_codes.values())
     # Non-preemptible jobs untouched; victims past their minimum runtime; each victim preempted once.
     by_id = {r.id: r for r in snapshot.running}
     victims = [p.job_id for p in decisions.preemptions]
@@ -174,11 +177,11 @@ def _check_quota(snapshot: Snapshot, decisions: Decisions) -> None:
             lendable += idle if q.lend_limit is None else min(q.lend_limit, idle)
         assert borrowed <= lendable, f"cohort {view.cohort} borrows {borrowed} > lends {lendable} of {gpu_type}"
     # A job that fits its own tenant's guarantee is never told it is over quota.
-    for job_id, reason in decisions.pending_reasons.items():
+    for job_id, code in decisions.pending_codes.items():
         p = pending[job_id]
         nominal = dict(tenants[p.tenant].quotas).get(p.gpu_type, Quota()).nominal if p.tenant in tenants else 0
         if after.get((p.tenant, p.gpu_type), 0) + p.gpu_count <= nominal:
-            assert not reason.startswith("over quota"), (job_id, reason)
+            assert code != Pending.OVER_QUOTA, (job_id, decisions.pending_reasons[job_id])
 
 
 def _shuffled(snapshot: Snapshot) -> Snapshot:

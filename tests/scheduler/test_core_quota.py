@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import Preempt, run_cycle
+from scheduler.core import Pending, Preempt, run_cycle
 from tests.scheduler.test_core_builders import H, job, leaf_nodes, placed, running, snap, tenant
 
 
@@ -14,12 +14,14 @@ def test_a_job_within_nominal_quota_is_bound() -> None:
 def test_a_tenant_without_cohort_cannot_go_beyond_nominal_even_on_an_idle_fleet() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 2), [job("j1", 8), job("j2", 8, queued_at=1)], tenants=[tenant("a", nominal=8)]), 0.0)
     assert list(placed(decisions)) == ["j1"]
+    assert decisions.pending_codes["j2"] == Pending.OVER_QUOTA
     assert decisions.pending_reasons["j2"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, no borrowing"
 
 
 def test_a_tenant_unknown_to_a_snapshot_with_tenants_gets_nothing() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 1), [job("j", 1, tenant="ghost")], tenants=[tenant("a", nominal=8)]), 0.0)
-    assert decisions.binds == () and decisions.pending_reasons["j"].startswith("over quota: tenant ghost uses 0")
+    assert decisions.binds == () and decisions.pending_codes["j"] == Pending.OVER_QUOTA
+    assert decisions.pending_reasons["j"] == "over quota: tenant ghost uses 0 H100 GPUs, nominal 0, no borrowing"
 
 
 def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrow_limit() -> None:
@@ -27,6 +29,7 @@ def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrow_limit() -> None:
     pending = [job(f"a{i}", 8, queued_at=i) for i in range(3)]
     decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants), 0.0)
     assert sorted(placed(decisions)) == ["a0", "a1"]
+    assert decisions.pending_codes["a2"] == Pending.OVER_QUOTA
     assert decisions.pending_reasons["a2"] == "over quota: tenant a uses 16 H100 GPUs, nominal 8, borrow limit 8"
 
 
@@ -35,7 +38,8 @@ def test_the_lend_limit_caps_what_a_cohort_member_lends() -> None:
     pending = [job("a0", 8), job("a1", 4, queued_at=1), job("a2", 1, queued_at=2)]
     decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants), 0.0)
     assert sorted(placed(decisions)) == ["a0", "a1"]
-    assert decisions.pending_reasons["a2"].startswith("over quota: tenant a uses 12")
+    assert decisions.pending_codes["a2"] == Pending.OVER_QUOTA
+    assert decisions.pending_reasons["a2"] == "over quota: tenant a uses 12 H100 GPUs, nominal 8, unlimited borrowing"
 
 
 def test_only_idle_quota_is_lent_and_never_across_cohorts() -> None:
@@ -43,7 +47,8 @@ def test_only_idle_quota_is_lent_and_never_across_cohorts() -> None:
     busy = running("b-run", {"l1-n0": tuple(range(8))}, tenant="b")
     decisions = run_cycle(snap(leaf_nodes("l1", 4), [job("a0", 8), job("a1", 8, queued_at=1)], running_jobs=[busy], tenants=tenants), 0.0)
     assert list(placed(decisions)) == ["a0"]
-    assert decisions.pending_reasons["a1"].startswith("over quota: tenant a uses 8")
+    assert decisions.pending_codes["a1"] == Pending.OVER_QUOTA
+    assert decisions.pending_reasons["a1"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, unlimited borrowing"
 
 
 def test_an_owner_with_queued_work_within_its_guarantee_reclaims_borrowed_gpus() -> None:
@@ -58,7 +63,7 @@ def test_an_owner_with_queued_work_within_its_guarantee_reclaims_borrowed_gpus()
     assert decisions.preemptions == (Preempt(job_id="a-1", attempt=1, for_job="b0", reason="reclaim"),)
     [nomination] = [r for r in decisions.reservations if r.job_id == "b0"]
     assert nomination.victims == ("a-1",) and nomination.node_ids == ("l1-n0",)
-    assert decisions.pending_reasons["b0"] == "waiting for preemption of a-1"
+    assert decisions.pending_codes["b0"] == Pending.PREEMPTING and decisions.pending_reasons["b0"] == "waiting for preemption of a-1"
 
 
 def test_no_reclaim_from_a_tenant_that_uses_only_its_own_nominal() -> None:
@@ -66,7 +71,7 @@ def test_no_reclaim_from_a_tenant_that_uses_only_its_own_nominal() -> None:
     own = [running("a-1", {"l1-n0": tuple(range(8))}, tenant="a")]
     decisions = run_cycle(snap(leaf_nodes("l1", 1), [job("b0", 8, tenant="b")], running_jobs=own, tenants=tenants), 0.0)
     assert decisions.preemptions == ()
-    assert decisions.pending_reasons["b0"].startswith("no H100 node has 8 free GPUs")
+    assert decisions.pending_codes["b0"] == Pending.NO_FREE_NODE
 
 
 def test_a_borrower_beyond_its_nominal_does_not_reclaim() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import NodeView, Snapshot, run_cycle
+from scheduler.core import NodeView, Pending, Snapshot, run_cycle
 from tests.scheduler.test_core_builders import job, leaf_nodes, node, placed, running, snap
 
 
@@ -23,7 +23,8 @@ def test_a_gang_with_a_required_leaf_never_crosses_leaves() -> None:
     nodes = [*leaf_nodes("l1", 1), *leaf_nodes("l2", 1)]
     decisions = run_cycle(snap(nodes, [job("g", 16, level="leaf")]), 0.0)
     assert decisions.binds == ()
-    assert decisions.pending_reasons["g"].startswith("node shape can never fit: the largest leaf has 8 H100 GPUs")
+    assert decisions.pending_codes["g"] == Pending.DOMAIN_TOO_SMALL
+    assert decisions.pending_reasons["g"] == "node shape can never fit: the largest leaf has 8 H100 GPUs, the job needs 16"
 
 
 def test_a_gang_takes_whole_nodes_in_the_smallest_leaf_that_holds_it() -> None:
@@ -59,13 +60,15 @@ def test_topology_levels_are_data() -> None:
     decisions = run_cycle(snapshot, 0.0)
     assert [m.node_id for m in decisions.binds[0].members] == ["a", "b"]
     bad = run_cycle(Snapshot(nodes=nodes, pending=(job("g", 16, level="leaf"),), topology_levels=("node", "rack", "pod")), 0.0)
-    assert "unknown topology level 'leaf'" in bad.pending_reasons["g"]
+    assert bad.pending_codes["g"] == Pending.UNKNOWN_LEVEL
+    assert bad.pending_reasons["g"] == "node shape can never fit: unknown topology level 'leaf' (levels: node, rack, pod)"
 
 
 def test_cordoned_nodes_and_unhealthy_gpus_are_never_used() -> None:
     nodes = [node("cordoned", schedulable=False), node("sick", free={0, 1, 2}), node("other", gpu_type="L40S", gpus=4)]
     decisions = run_cycle(snap(nodes, [job("a", 3, queued_at=0), job("b", 1, queued_at=1)]), 5.0)
     assert placed(decisions) == {"a": [("sick", (0, 1, 2))]}
+    assert decisions.pending_codes["b"] == Pending.NO_FREE_NODE
     assert decisions.pending_reasons["b"] == "no H100 node has 1 free GPUs; holds a reservation on sick from t=3605"
 
 
@@ -78,8 +81,10 @@ def test_a_gpu_held_by_a_running_job_is_never_bound_even_if_the_view_says_free()
 
 def test_a_job_bigger_than_any_node_shape_can_never_fit() -> None:
     decisions = run_cycle(snap([node("n", gpus=4, gpu_type="L40S")], [job("j", 6, gpu_type="L40S", level="node")]), 0.0)
+    assert decisions.pending_codes["j"] == Pending.NODE_TOO_SMALL
     assert decisions.pending_reasons["j"] == "node shape can never fit: 6 GPUs on one node, the largest L40S node has 4"
     decisions = run_cycle(snap([node("n")], [job("j", 1, gpu_type="B200")]), 0.0)
+    assert decisions.pending_codes["j"] == Pending.NO_GPU_TYPE
     assert decisions.pending_reasons["j"] == "node shape can never fit: no B200 node in the fleet"
 
 
