@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from temporalio.client import Client
 
 from fairgang import metrics
+from fairgang.members import PlacedMember, members_of
 from fairgang.settings import Settings
 from scheduler.core import Decisions, Preempt, Reservation, Scheduler, SchedulerConfig
 from scheduler.snapshot import SnapshotReader, build_snapshot
@@ -67,7 +68,7 @@ async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, 
         placement.BindingRow(
             job_id=b.job_id,
             attempt=b.attempt,
-            members=[{"node_id": m.node_id, "gpu_indices": list(m.gpu_indices), "rank": m.rank} for m in b.members],
+            members=[PlacedMember(node_id=m.node_id, gpu_indices=list(m.gpu_indices), rank=m.rank) for m in b.members],
         )
         for b in decisions.binds
     ]
@@ -194,7 +195,7 @@ class PlacementService:
         async def signal(alloc: Any) -> str | None:
             try:
                 await starter.signal_placement(
-                    self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=alloc.members
+                    self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=members_of(alloc.members)
                 )
                 return str(alloc.id)
             except Exception as err:  # noqa: BLE001 - the reconciler retries

@@ -90,7 +90,7 @@ class SnapshotReader:
             if new_allocs:
                 for alloc_id, members in (await rows_of.allocation_members(session, new_allocs)).items():
                     self._members[alloc_id] = tuple(
-                        Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in members
+                        Member(node_id=m.node_id, gpu_indices=tuple(m.gpu_indices), rank=m.rank) for m in members
                     )
             irregular = [node_id for node_id, count, low, high in rows.gpu_rows if low != 0 or high != count - 1]
             indices = await rows_of.gpu_indices(session, irregular) if irregular else {}

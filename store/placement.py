@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from store import usage
 from store.common import LIVE_ALLOCATION_STATES, REVOKED, held, new_event, new_id
@@ -30,7 +30,7 @@ class BindingRow:
 
     job_id: str
     attempt: int
-    members: list[dict[str, Any]]
+    members: list[PlacedMember]
 
 
 class LeaseLost(Exception):
@@ -90,7 +90,7 @@ async def commit_bindings(
                 job_id=binding.job_id,
                 attempt=binding.attempt,
                 epoch=epoch,
-                members=binding.members,
+                members=[m.stored() for m in binding.members],
                 created_at=now,
             )
             try:
@@ -110,13 +110,13 @@ async def commit_bindings(
                     session.add(alloc)
                     await session.flush()
                     for member in binding.members:
-                        for index in member["gpu_indices"]:
-                            session.add(AllocationGpu(allocation_id=alloc.id, node_id=member["node_id"], gpu_index=index))
+                        for index in member.gpu_indices:
+                            session.add(AllocationGpu(allocation_id=alloc.id, node_id=member.node_id, gpu_index=index))
                     await session.flush()
                     await usage.allocation_started(
-                        session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(binding.members), start=now
+                        session, tenant=owner[0], gpu_type=owner[1], gpus=usage.gpus_of(alloc.members), start=now
                     )
-                    nodes = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in binding.members)
+                    nodes = ", ".join(map(str, binding.members))
                     session.add(
                         new_event(
                             binding.job_id,

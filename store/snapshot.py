@@ -16,6 +16,7 @@ from sqlalchemy import func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from fairgang.members import PlacedMember, members_of
 from fairgang.spec import JobState
 from store.common import LIVE_ALLOCATION_STATES, REVOKED
 from store.models import Allocation, Gpu, Job, Node, Tenant
@@ -108,11 +109,11 @@ async def job_specs(session: AsyncSession, job_ids: Sequence[str]) -> dict[str, 
     return out
 
 
-async def allocation_members(session: AsyncSession, allocation_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+async def allocation_members(session: AsyncSession, allocation_ids: Sequence[str]) -> dict[str, list[PlacedMember]]:
     """Allocation id -> members (fixed once committed; read once per allocation by the caller)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[PlacedMember]] = {}
     ids = list(allocation_ids)
     for i in range(0, len(ids), 500):
         query = select(col(Allocation.id), col(Allocation.members)).where(col(Allocation.id).in_(ids[i : i + 500]))
-        out.update({alloc_id: members for alloc_id, members in (await session.execute(query)).all()})
+        out.update({alloc_id: members_of(members) for alloc_id, members in (await session.execute(query)).all()})
     return out

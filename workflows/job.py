@@ -25,6 +25,7 @@ from temporalio.types import MethodAsyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
     from activities.store import StoreActivities
+    from fairgang.members import PlacedMember
     from fairgang.spec import JobState
     from worker_agent.launch import LaunchActivities
     from workflows.messages import (
@@ -40,7 +41,6 @@ with workflow.unsafe.imports_passed_through():
         MemberStarted,
         NodeLost,
         Placement,
-        PlacementMember,
         PreemptAnswer,
         PreemptRequest,
         QueuedInput,
@@ -127,7 +127,7 @@ def confirmed_end(result: LaunchResult | BaseException) -> bool:
     return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
-def launch_input(job: JobInput, placement: Placement, member: PlacementMember, *, attempt: int, resume_from: str) -> LaunchInput:
+def launch_input(job: JobInput, placement: Placement, member: PlacedMember, *, attempt: int, resume_from: str) -> LaunchInput:
     """The launch activity's input for one member of the placement: the job's process, its rank in the gang, its GPUs,
     the rendezvous (rank 0's node) and the checkpoint the attempt resumes from."""
     first = min(placement.members, key=lambda m: m.rank)

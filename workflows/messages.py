@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 
 #: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
@@ -42,13 +43,6 @@ class JobInput:
 
 
 @dataclass
-class PlacementMember:
-    node_id: str
-    gpu_indices: list[int]
-    rank: int
-
-
-@dataclass
 class Placement:
     """Signal from the placement service: the attempt is bound to these GPUs.
 
@@ -58,7 +52,7 @@ class Placement:
 
     allocation_id: str
     attempt: int
-    members: list[PlacementMember]
+    members: list[PlacedMember]
 
 
 @dataclass
@@ -122,7 +116,9 @@ class MemberStarted:
 
 @dataclass
 class LaunchInput:
-    """Launch one gang member's process on the node whose task queue runs this."""
+    """Launch one gang member's process on the node whose task queue runs this (built by the workflow's
+    ``launch_input`` from the placement's member: its ``node_id``, ``rank`` and ``gpu_indices`` travel as fields of
+    their own, which every version of the agent reads)."""
 
     job_id: str
     attempt: int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -9,10 +10,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from fairgang import metrics
+from fairgang.members import PlacedMember
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from fairgang.spec import stored_spec
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
-from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PlacementMember, PreemptAnswer, PreemptRequest
+from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PreemptAnswer, PreemptRequest
 
 
 async def connect(settings: Settings) -> Client:
@@ -66,12 +68,9 @@ async def start_job_workflow(client: Client, job: Any, settings: Settings) -> Wo
     )
 
 
-async def signal_placement(client: Client, *, job_id: str, allocation_id: str, attempt: int, members: list[dict[str, Any]]) -> None:
-    placement = Placement(
-        allocation_id=allocation_id,
-        attempt=attempt,
-        members=[PlacementMember(node_id=m["node_id"], gpu_indices=list(m["gpu_indices"]), rank=m["rank"]) for m in members],
-    )
+async def signal_placement(client: Client, *, job_id: str, allocation_id: str, attempt: int, members: Sequence[PlacedMember]) -> None:
+    """Tell the job's workflow of its committed binding."""
+    placement = Placement(allocation_id=allocation_id, attempt=attempt, members=list(members))
     await client.get_workflow_handle(job_id).signal("place", placement)
 
 

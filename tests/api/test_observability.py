@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.insight import learned_runtimes, size_class
 from api.metrics import requeue_reason
+from fairgang.members import PlacedMember
 from store import jobs, placement
 from store.db import Database
 from store.models import Job
@@ -53,7 +54,7 @@ async def queue_job(api: httpx.AsyncClient, db: Database, headers: dict, **spec:
 async def bind(db: Database, job_id: str, node_id: str, gpus: list[int]) -> None:
     epoch = await placement.acquire_lease(db, name="placement", holder="test", ttl_s=60)
     assert epoch is not None
-    rows = [placement.BindingRow(job_id=job_id, attempt=1, members=[{"node_id": node_id, "gpu_indices": gpus, "rank": 0}])]
+    rows = [placement.BindingRow(job_id=job_id, attempt=1, members=[PlacedMember(node_id=node_id, gpu_indices=gpus, rank=0)])]
     assert await placement.commit_bindings(db, bindings=rows, pending_reasons={}, lease_name="placement", epoch=epoch)
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from fairgang.members import PlacedMember
 from store import jobs, placement
 from store.db import Database
 from store.models import Allocation, Job
 from tests.builders import job_spec
 
 
-async def bind(db: Database, job_id: str, members: list[dict[str, Any]], epoch: int) -> list[Allocation]:
+async def bind(db: Database, job_id: str, members: list[PlacedMember], epoch: int) -> list[Allocation]:
     return await placement.commit_bindings(
         db,
         bindings=[placement.BindingRow(job_id=job_id, attempt=1, members=members)],

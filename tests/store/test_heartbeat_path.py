@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import event
 
+from fairgang.members import PlacedMember
 from store import health as stored_health
 from store import jobs, nodes, placement
 from store.db import Database
@@ -58,7 +59,7 @@ async def _fleet_with_allocations(db: Database) -> str:
         await jobs.mark_queued(db, job_id=job.id, attempt=1)
         [alloc] = await placement.commit_bindings(
             db,
-            bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": node, "gpu_indices": [i], "rank": 0}])],
+            bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[PlacedMember(node_id=node, gpu_indices=[i], rank=0)])],
             pending_reasons={},
             lease_name="placement",
             epoch=epoch,

@@ -9,6 +9,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import col
 
+from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from store import jobs, placement
 from store.db import Database
@@ -50,7 +51,7 @@ async def test_requeue_moves_to_next_attempt_once(seeded: Database) -> None:
     job = await queued_job(seeded, "a")
     epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
     assert epoch is not None
-    await bind(seeded, job.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)
+    await bind(seeded, job.id, [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)], epoch)
     for _ in range(2):
         again = await jobs.requeue_job(seeded, job_id=job.id, from_attempt=1, reason="node lost")
     assert again.attempt == 2 and again.state == "QUEUED"
@@ -64,7 +65,7 @@ async def test_launching_acknowledges_only_the_attempts_own_live_allocation(seed
     job = await queued_job(seeded, "a")
     epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
     assert epoch is not None
-    [alloc] = await bind(seeded, job.id, [{"node_id": "h1", "gpu_indices": [0], "rank": 0}], epoch)
+    [alloc] = await bind(seeded, job.id, [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)], epoch)
     with pytest.raises(jobs.StalePlacement):
         await jobs.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.LAUNCHING, event_key="l-x", allocation_id="a-bogus")
     assert (await jobs.get_job(seeded, job.id)).state == "PLACED"  # type: ignore[union-attr]
@@ -100,7 +101,7 @@ async def test_the_event_log_only_grows_and_the_database_refuses_to_rewrite_it(s
     job = await queued_job(seeded, "a")
     epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=1000)
     assert epoch is not None
-    member = [{"node_id": "h1", "gpu_indices": [0], "rank": 0}]
+    member = [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)]
     logs = [_event_rows(list(await jobs.job_events(seeded, job.id)))]
 
     async def step() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fairgang.members import PlacedMember
 from store import nodes, placement
 from store.db import Database
 from tests.store.helpers import queued_job
@@ -24,7 +25,7 @@ async def test_silent_nodes_are_declared_lost_with_their_jobs(seeded: Database) 
     assert epoch is not None
     await placement.commit_bindings(
         seeded,
-        bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": "h1", "gpu_indices": [0], "rank": 0}])],
+        bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[PlacedMember(node_id="h1", gpu_indices=[0], rank=0)])],
         pending_reasons={},
         lease_name="placement",
         epoch=epoch,
@@ -44,7 +45,7 @@ async def test_a_lost_node_gets_no_allocation_back_and_its_late_heartbeat_is_ref
     assert epoch is not None
     [alloc] = await placement.commit_bindings(
         seeded,
-        bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[{"node_id": "h1", "gpu_indices": [0], "rank": 0}])],
+        bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=[PlacedMember(node_id="h1", gpu_indices=[0], rank=0)])],
         pending_reasons={},
         lease_name="placement",
         epoch=epoch,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import httpx
 
+from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from store import jobs, nodes, placement
 from store.db import Database
@@ -23,7 +24,7 @@ async def _running_job(db: Database, name: str, gpu: int) -> tuple[str, str]:
     await jobs.mark_queued(db, job_id=job.id, attempt=1)
     epoch = await placement.acquire_lease(db, name="placement", holder="t", ttl_s=60)
     assert epoch is not None
-    members = [{"node_id": "h1", "gpu_indices": [gpu], "rank": 0}]
+    members = [PlacedMember(node_id="h1", gpu_indices=[gpu], rank=0)]
     [alloc] = await placement.commit_bindings(
         db,
         bindings=[placement.BindingRow(job_id=job.id, attempt=1, members=members)],

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from activities.store import StoreActivities
 from cli.platform import temporal_binary
+from fairgang.members import PlacedMember, members_of
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
 from store import jobs, placement
@@ -26,7 +27,7 @@ from store.db import Database
 from tests.builders import job_spec
 from workflows import starter
 from workflows.job import FENCE_MARGIN_S, TrainingJobWorkflow
-from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement, PlacementMember
+from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement
 
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
 
@@ -92,7 +93,7 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
                 return job is not None and job.workflow_started
 
             await _until(queued)
-            member = [PlacementMember(node_id="h1", gpu_indices=[0], rank=0)]
+            member = [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)]
             await handle.signal("place", Placement(allocation_id="a-stale", attempt=99, members=member))
             await handle.signal("place", Placement(allocation_id="a-bogus", attempt=1, members=member))
             await asyncio.sleep(1.5)
@@ -104,7 +105,9 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
             assert report.bound == 1
             [alloc] = await jobs.job_allocations(store, job_id)
             for _ in range(2):
-                await starter.signal_placement(env.client, job_id=job_id, allocation_id=alloc.id, attempt=1, members=alloc.members)
+                await starter.signal_placement(
+                    env.client, job_id=job_id, allocation_id=alloc.id, attempt=1, members=members_of(alloc.members)
+                )
 
             async def running() -> bool:
                 return (await handle.query("status", result_type=JobStatus)).state == "RUNNING"
