@@ -52,8 +52,9 @@ class StoreActivities:
         return await placement.revoke_allocation(self.db, job_id=inp.job_id, allocation_id=inp.allocation_id, reason=inp.reason)
 
     @activity.defn(name="record_checkpoint")
-    async def record_checkpoint(self, inp: CheckpointInput) -> None:
-        await jobs.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt)
+    async def record_checkpoint(self, inp: CheckpointInput) -> bool:
+        """Record the job's checkpoint, unless a newer one is recorded already (False then)."""
+        return await jobs.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt, seq=inp.seq)
 
     def all(self) -> list[object]:
         return [self.mark_queued, self.record_transition, self.requeue, self.revoke_allocation, self.record_checkpoint]

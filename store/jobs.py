@@ -248,17 +248,37 @@ async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | N
 
 
 async def set_latest_checkpoint(
-    db: Database, *, job_id: str, checkpoint: str, attempt: int | None = None, now: float | None = None
-) -> None:
-    """Record the job's newest checkpoint (idempotent per path)."""
+    db: Database, *, job_id: str, checkpoint: str, attempt: int | None = None, seq: int = 0, now: float | None = None
+) -> bool:
+    """Record the job's newest checkpoint (idempotent per path); True if it is the job's latest checkpoint now.
+
+    Reports are ordered by attempt, then ``seq`` (the report's number within its attempt, 0 when its agent does not
+    number them; kept in the ``CHECKPOINT`` event's data, one event per numbered report): one older than the newest
+    recorded was reported before it and comes late (a write retried, or slower than the next one's), and is ignored.
+    """
     now = time.time() if now is None else now
     async with db.transaction() as session:
-        job = await session.get(Job, job_id)
-        if job is None or job.latest_checkpoint == checkpoint:
-            return
+        job = await session.get(Job, job_id, with_for_update=True)  # one checkpoint write of a job at a time
+        if job is None:
+            return False
+        attempt = attempt or job.attempt
+        newest = (
+            await session.execute(
+                select(col(JobEvent.attempt), col(JobEvent.data))
+                .where(col(JobEvent.job_id) == job_id, col(JobEvent.kind) == "CHECKPOINT")
+                .order_by(col(JobEvent.id).desc())
+                .limit(1)
+            )
+        ).first()
+        if newest is not None and (attempt, seq) < (newest[0], int(newest[1].get("seq", 0))):
+            return False
+        if job.latest_checkpoint == checkpoint:
+            return True
         job.latest_checkpoint, job.latest_checkpoint_at = checkpoint, now
-        key = f"checkpoint:{checkpoint}"[:160]
-        await add_event_once(session, new_event(job_id, attempt or job.attempt, "CHECKPOINT", checkpoint, key, now))
+        # A numbered report is an event of its own (a job that reuses checkpoint names reports a path again).
+        key = (f"checkpoint:{attempt}:{seq}:{checkpoint}" if seq else f"checkpoint:{checkpoint}")[:160]
+        await add_event_once(session, new_event(job_id, attempt, "CHECKPOINT", checkpoint, key, now, seq=seq))
+        return True
 
 
 async def queued_jobs(db: Database) -> Sequence[Job]:

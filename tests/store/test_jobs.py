@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -80,6 +81,47 @@ async def test_checkpoint_is_recorded_once_per_path(seeded: Database) -> None:
     got = await jobs.get_job(seeded, job.id)
     assert got is not None and got.latest_checkpoint == "/ckpt/alpha/a/step-10" and got.latest_checkpoint_at == 50.0
     assert [e.kind for e in await jobs.job_events(seeded, job.id)].count("CHECKPOINT") == 1
+
+
+async def test_the_newest_checkpoint_wins_whichever_write_comes_last(seeded: Database) -> None:
+    """Ordered by attempt, then the report's number: an older report that comes late is ignored; reports its agent
+    did not number (0) are taken in the order they come."""
+    job = await queued_job(seeded, "a")
+
+    async def record(path: str, attempt: int, seq: int) -> bool:
+        return await jobs.set_latest_checkpoint(seeded, job_id=job.id, checkpoint=f"/ckpt/alpha/a/{path}", attempt=attempt, seq=seq)
+
+    async def latest() -> str | None:
+        got = await jobs.get_job(seeded, job.id)
+        return None if got is None else got.latest_checkpoint
+
+    assert await record("s1", 1, 0) and await record("s2", 1, 0)
+    assert await latest() == "/ckpt/alpha/a/s2"
+    assert await record("s4", 1, 2)
+    assert not await record("s3", 1, 1)  # reported before s4
+    assert await latest() == "/ckpt/alpha/a/s4"
+    assert await record("s4", 1, 2)  # a repeat: still the latest, recorded once
+    assert await record("t1", 2, 1)  # the next attempt's first
+    assert not await record("s5", 1, 3)  # the previous attempt's, late
+    assert await latest() == "/ckpt/alpha/a/t1"
+    # A job that takes turns between two names: each report counts, so a late one is still told apart.
+    assert await record("t2", 2, 2) and await record("t1", 2, 3) and await record("t2", 2, 4)
+    assert not await record("t1", 2, 3)
+    assert await latest() == "/ckpt/alpha/a/t2"
+    events = [e for e in await jobs.job_events(seeded, job.id) if e.kind == "CHECKPOINT"]
+    recorded = [(e.message.rsplit("/", 1)[1], e.attempt, e.data["seq"]) for e in events]
+    assert recorded == [("s1", 1, 0), ("s2", 1, 0), ("s4", 1, 2), ("t1", 2, 1), ("t2", 2, 2), ("t1", 2, 3), ("t2", 2, 4)]
+
+
+async def test_concurrent_checkpoint_writes_leave_the_newest(seeded: Database) -> None:
+    """Two writes of one attempt's reports at once (two activities): the newer one is the job's latest either way."""
+    for i in range(6):
+        job = await queued_job(seeded, f"c{i}")
+        paths = {seq: f"/ckpt/alpha/c{i}/step-{seq}" for seq in (1, 2)}
+        writes = [jobs.set_latest_checkpoint(seeded, job_id=job.id, checkpoint=paths[seq], attempt=1, seq=seq) for seq in (1, 2)]
+        await asyncio.gather(*(writes if i % 2 else reversed(writes)))
+        got = await jobs.get_job(seeded, job.id)
+        assert got is not None and got.latest_checkpoint == paths[2]
 
 
 async def test_change_feed_moves_when_queue_or_capacity_changes(seeded: Database) -> None:
