@@ -55,9 +55,16 @@ def test_a_higher_priority_job_preempts_its_own_tenants_lower_priority_job() -> 
 
 
 def test_priority_alone_never_preempts_another_tenant() -> None:
-    jobs = [running("theirs", {"n": tuple(range(8))}, tenant="x", priority=0, started_at=0.0)]
-    decisions = run_cycle(snap([node("n")], [job("urgent", 8, tenant="y", priority=300, queued_at=NOW - H)], running_jobs=jobs), NOW)
-    assert decisions.preemptions == ()
+    # "theirs" would be the cheaper victim (it started 20 min ago, "mine" at 0), but it is another tenant's.
+    jobs = [
+        running("theirs", {"n": tuple(range(8))}, tenant="x", priority=0, started_at=NOW - 1200),
+        running("mine", {"m": tuple(range(8))}, tenant="y", priority=0, started_at=0.0),
+    ]
+    urgent = job("urgent", 8, tenant="y", priority=300, queued_at=NOW - H)
+    decisions = run_cycle(snap([node("n"), node("m")], [urgent], running_jobs=jobs), NOW)
+    assert [(p.job_id, p.reason) for p in decisions.preemptions] == [("mine", "priority")]
+    alone = run_cycle(snap([node("n")], [urgent], running_jobs=jobs[:1]), NOW)
+    assert alone.preemptions == () and alone.pending_codes["urgent"] == Pending.NO_FREE_NODE
 
 
 def test_only_as_many_victims_as_the_preemptor_needs() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import Decisions, NodeView, Pending, Quota, RunningJob, SchedulerConfig, Snapshot, TenantView, run_cycle
@@ -204,29 +204,47 @@ def test_invariants_hold_and_output_is_deterministic(snapshot: Snapshot) -> None
     assert run_cycle(snapshot, now) == decisions
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(worlds())
-def test_invariants_hold_across_cycles_with_fed_back_reservations(snapshot: Snapshot) -> None:
-    now = 10 * H
-    first = run_cycle(snapshot, now)
-    pending = {p.id: p for p in snapshot.pending}
-    started = [RunningJob.started(pending[b.job_id], b.members, now) for b in first.binds]
-    used = {(m.node_id, g) for b in first.binds for m in b.members for g in m.gpu_indices}
-    nodes = tuple(replace(n, free=frozenset(g for g in n.free if (n.id, g) not in used)) for n in snapshot.nodes)
-    bound = {b.job_id for b in first.binds}
-    second_snapshot = replace(
-        snapshot,
-        nodes=nodes,
-        pending=tuple(p for p in snapshot.pending if p.id not in bound),
-        running=(*snapshot.running, *started),
-        reservations=first.reservations,
-    )
-    second = run_cycle(second_snapshot, now + 30)
-    check_invariants(second_snapshot, second, now + 30)
-    # A nomination whose victims still run keeps its victims and its GPUs.
-    for res in first.reservations:
-        if res.victims and res.job_id in {p.id for p in second_snapshot.pending}:
-            assert res in second.reservations
+#: A world whose first cycle surely nominates: "p" (priority 200) needs the GPUs of "low" (priority 0).
+NOMINATING = Snapshot(
+    nodes=(node("n", free=set()),),
+    pending=(job("p", 8, priority=200),),
+    running=(running("low", {"n": tuple(range(8))}, priority=0, started_at=0.0),),
+)
+
+
+def test_invariants_hold_across_cycles_with_fed_back_reservations() -> None:
+    carried: list[str] = []
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(worlds())
+    @example(NOMINATING)
+    def two_cycles(snapshot: Snapshot) -> None:
+        now = 10 * H
+        first = run_cycle(snapshot, now)
+        pending = {p.id: p for p in snapshot.pending}
+        started = [RunningJob.started(pending[b.job_id], b.members, now) for b in first.binds]
+        used = {(m.node_id, g) for b in first.binds for m in b.members for g in m.gpu_indices}
+        nodes = tuple(replace(n, free=frozenset(g for g in n.free if (n.id, g) not in used)) for n in snapshot.nodes)
+        bound = {b.job_id for b in first.binds}
+        second_snapshot = replace(
+            snapshot,
+            nodes=nodes,
+            pending=tuple(p for p in snapshot.pending if p.id not in bound),
+            running=(*snapshot.running, *started),
+            reservations=first.reservations,
+        )
+        second = run_cycle(second_snapshot, now + 30)
+        check_invariants(second_snapshot, second, now + 30)
+        # A nomination whose victims still run (they all do: the second snapshot keeps every running job)
+        # keeps its victims and its GPUs.
+        for res in first.reservations:
+            if res.victims:
+                assert res.job_id in {p.id for p in second_snapshot.pending}
+                assert res in second.reservations
+                carried.append(res.job_id)
+
+    two_cycles()
+    assert carried, "no nomination was carried into a second cycle"
 
 
 def test_the_property_checker_catches_a_double_booking() -> None:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.types import Snapshot
-from simulator.engine import SimOptions, SimResult, simulate
+from simulator.engine import Engine, SimOptions, SimResult, simulate
 from simulator.fleet import Fleet, TenantSpec
 from simulator.policies import POLICIES
 from simulator.policies.las import TwoDLas
@@ -175,8 +175,26 @@ def test_ours_backfills_the_hole_only_with_the_job_that_ends_before_the_reservat
 
 
 def test_gpu_faults_take_the_gpu_away_and_requeue_its_job():
-    wl = workload(*(job(f"j{i}", i * 50.0, 1, 4000, ckpt=900.0) for i in range(30)))
-    options = SimOptions(cycle_s=0.0, gpu_mtbf_h=20.0, gpu_repair_h=1.0, strict=True, seed=5)
-    r = simulate(wl, fleet_of(2), Fifo(), options=options)
-    assert r.failures > 0
+    wl = workload(*(job(f"j{i}", i * 50.0, 1, 4000, ckpt=900.0) for i in range(12)))
+    options = SimOptions(cycle_s=0.0, gpu_mtbf_h=5.0, gpu_repair_h=1.0, strict=True, seed=1)
+    fleet = fleet_of(4)  # 32 GPUs for 12 one-GPU jobs: faults hit running jobs and idle GPUs
+    engine = Engine(wl, fleet, Fifo(), "fifo", options)
+    seen_broken: set[tuple[str, int]] = set()
+
+    def no_broken_gpu_in_use(snap: Snapshot, now: float, new_ids: list[str]) -> None:
+        broken = {(n.id, g) for i, n in enumerate(fleet.nodes) for g in engine.broken[i]}
+        seen_broken.update(broken)
+        for view in snap.nodes:
+            assert not {(view.id, g) for g in view.free} & broken, f"a broken GPU is offered on {view.id}"
+        for run in snap.running:
+            assert not {(m.node_id, g) for m in run.members for g in m.gpu_indices} & broken, f"{run.id} runs on a broken GPU"
+
+    r = engine.run(hook=no_broken_gpu_in_use)
+    assert seen_broken, "no cycle ran while a GPU was broken"
+    # Some fault hit a running job: it lost its attempt, was queued again and still finished.
+    hit = [rec for rec in r.records if rec.failures]
+    assert hit and r.failures == sum(rec.failures for rec in r.records)
+    assert all(rec.lost_gpu_s > 0 and rec.finish is not None for rec in hit)
+    # While GPUs are out, the fleet's capacity counts them out.
+    assert min(cap[0] for cap in r.samples.capacity) < fleet.total_gpus()
     _check_work_conserved(wl, r, options)

@@ -105,10 +105,15 @@ def test_las_does_not_preempt_within_the_minimum_runtime():
 
 
 def test_every_policy_places_a_gang_whole_or_not_at_all():
-    nodes = [node("n0", 4), node("n1", 4)]
+    # A 16-GPU gang needs two wholly free 8-GPU nodes. Quotas are off (no tenants), so only room decides.
+    gang = pending("g", 16)
+    scattered = [node("n0", 8), node("n1", 4), node("n2", 4), node("n3", 4)]  # 20 GPUs free, one whole node
+    whole = [node("n0", 8), node("n1", 4), node("n2", 8)]
     for name, spec in POLICIES.items():
-        d = spec.make()(snapshot(nodes, [pending("g", 8)]), 0.0)
+        d = spec.make()(snapshot(scattered, [gang], tenants=()), 0.0)
         assert d.binds == (), name
+        d = spec.make()(snapshot(whole, [gang], tenants=()), 0.0)
+        assert [(m.node_id, m.gpu_indices) for b in d.binds for m in b.members] == [("n0", tuple(range(8))), ("n2", tuple(range(8)))], name
 
 
 def _state(index):
