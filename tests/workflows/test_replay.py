@@ -8,7 +8,9 @@ recorded by ``record_histories.py`` (which says how) with the workflow from befo
 that succeeds, fails, fails to start, times out, is cancelled (running, queued, and through Temporal), checkpoints
 twice, gets its checkpoint reports out of order (that workflow recorded the older one, which came last), is
 preempted and resumed from its checkpoint, loses a node, fails and is retried, and whose member's end is
-unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced.
+unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced; and
+``with-checkpoint-order-*``, some of the same recorded with the workflow that orders them (the out-of-order one holds
+the ``newest-checkpoint-wins`` marker and records only the newer reports).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def test_every_kind_of_history_is_there() -> None:
             "heartbeat-lost-fenced",
         )
     }  # fmt: skip
+    assert {p.stem for p in HISTORIES} >= {
+        f"with-checkpoint-order-{name}"
+        for name in ("checkpoints", "checkpoints-out-of-order", "preempted-resumed", "node-lost", "member-error-fenced", "cancelled")
+    }
 
 
 def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
