@@ -97,6 +97,14 @@ def require_user(who: auth.Principal) -> None:
         raise HTTPException(403, "this endpoint is for tenants and admins")
 
 
-def require_node(who: auth.Principal) -> None:
-    if who.role not in ("node", "admin"):
+def require_node(who: auth.Principal, node_id: str) -> None:
+    """Only the node's own agent (its credential names the node) may speak for a node."""
+    if who.role != "node":
         raise HTTPException(403, "this endpoint is for node agents")
+    if who.node_id != node_id:
+        raise HTTPException(403, f"this credential is node {who.node_id}'s, not node {node_id}'s")
+
+
+def require_admin(who: auth.Principal) -> None:
+    if not who.admin:
+        raise HTTPException(403, "this endpoint is for admins")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
 from api import health
-from api.deps import Caller, State, require_node
-from api.schemas import NodeAnswer, NodeHeartbeat, NodeRegistration
+from api.deps import Caller, State, require_admin, require_node
+from api.schemas import NodeAnswer, NodeCredential, NodeEnrolment, NodeHeartbeat, NodeRegistration
 from store import nodes
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
@@ -26,20 +26,39 @@ async def fleet(state: State, who: Caller) -> Any:
     return Response(view.body, media_type="application/json", headers=view.headers())
 
 
+@router.post("/nodes", response_model=NodeCredential, status_code=201)
+async def enrol(state: State, who: Caller, body: NodeEnrolment) -> NodeCredential:
+    """Admin: enrol a node, or enrol it again to change its GPU type, count or labels; answers its new credential.
+
+    The credential is shown once; the node's earlier one stops working. GPUs change only on a node with
+    nothing placed on it (409 otherwise: drain it first).
+    """
+    require_admin(who)
+    try:
+        token = await nodes.enrol_node(state.db, node_id=body.node_id, gpu_type=body.gpu_type, gpu_count=body.gpu_count, labels=body.labels)
+    except nodes.NodeRefused as err:
+        raise HTTPException(409, {"error": "node not enrolled", "problems": [{"field": err.field, "reason": err.reason}]}) from None
+    return NodeCredential(node_id=body.node_id, token=token)
+
+
 @router.post("/nodes/register", response_model=NodeAnswer)
 async def register(state: State, who: Caller, body: NodeRegistration) -> NodeAnswer:
-    """An agent registers (or re-registers after a restart) its node."""
-    require_node(who)
-    _, live = await nodes.register_node(
-        state.db,
-        node_id=body.node_id,
-        gpu_type=body.gpu_type,
-        gpu_count=body.gpu_count,
-        labels=body.labels,
-        boot_id=body.boot_id,
-        gpus=body.gpus,
-        address=body.address,
-    )
+    """An agent registers (or re-registers after a restart) its node: only as the node its credential names,
+    with the GPU type and count the node was enrolled with (409 otherwise)."""
+    require_node(who, body.node_id)
+    try:
+        _, live = await nodes.register_node(
+            state.db,
+            node_id=body.node_id,
+            gpu_type=body.gpu_type,
+            gpu_count=body.gpu_count,
+            labels=body.labels,
+            boot_id=body.boot_id,
+            gpus=[g.model_dump() for g in body.gpus],
+            address=body.address,
+        )
+    except nodes.NodeRefused as err:
+        raise HTTPException(409, {"error": "registration refused", "problems": [{"field": err.field, "reason": err.reason}]}) from None
     fence = await nodes.report_running(state.db, node_id=body.node_id, running=body.running, live=live)
     return NodeAnswer(accepted=True, live_allocations=live, fence=fence)
 
@@ -51,7 +70,8 @@ async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat
     A refused heartbeat holds nothing: everything it reports running is to be killed (a late heartbeat of
     a node declared lost revives none of its allocations).
     """
-    require_node(who)
-    accepted, live, faults = await health.heartbeat(state, node_id=node_id, boot_id=body.boot_id, reports=body.gpus)
+    require_node(who, node_id)
+    reports = [g.model_dump() for g in body.gpus]
+    accepted, live, faults = await health.heartbeat(state, node_id=node_id, boot_id=body.boot_id, reports=reports)
     fence = await nodes.report_running(state.db, node_id=node_id, running=body.running, live=live)
     return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults, fence=fence)

@@ -1,10 +1,10 @@
-"""Response models (what clients see), converted explicitly from store rows."""
+"""Request and response models: what clients send (validated, typed) and see (converted explicitly from store rows)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from store.models import Allocation, Job, JobEvent
 
@@ -114,23 +114,83 @@ class QueueEntry(BaseModel):
     estimated_start: float | None = None
 
 
-class NodeRegistration(BaseModel):
+#: Most GPUs one node may have, and most allocations one agent may report running.
+MAX_NODE_GPUS = 64
+MAX_RUNNING = 1024
+NodeId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Labels = Annotated[dict[str, Annotated[str, Field(max_length=256)]], Field(max_length=32)]
+
+
+class NodeEnrolment(BaseModel):
+    """An admin enrols a node (or enrols it again to change its GPUs or labels)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: NodeId
+    gpu_type: str = Field(min_length=1, max_length=64)
+    gpu_count: int = Field(ge=1, le=MAX_NODE_GPUS)
+    labels: Labels = {}
+
+
+class NodeCredential(BaseModel):
+    """The enrolled node's credential, shown once: its agent's FAIRGANG_NODE_TOKEN."""
+
     node_id: str
-    gpu_type: str
-    gpu_count: int
-    labels: dict[str, str] = {}
-    boot_id: str
-    gpus: list[dict[str, Any]] = []
-    address: str | None = None
+    token: str
+
+
+class GpuInventoryItem(BaseModel):
+    index: int = Field(ge=0, lt=MAX_NODE_GPUS)
+    uuid: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=128)
+    health: dict[str, Any] = {}
+
+
+class GpuReport(BaseModel):
+    index: int = Field(ge=0, lt=MAX_NODE_GPUS)
+    #: The GPU's latest health report (fairgang.health.REPORT_KEYS).
+    health: dict[str, Any] = {}
+
+
+def _indices_unique(gpus: list[Any]) -> None:
+    indices = [g.index for g in gpus]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"GPU indices repeat: {sorted(indices)}")
+
+
+class NodeRegistration(BaseModel):
+    node_id: NodeId
+    gpu_type: str = Field(min_length=1, max_length=64)
+    gpu_count: int = Field(ge=1, le=MAX_NODE_GPUS)
+    labels: Labels = {}
+    boot_id: str = Field(min_length=1, max_length=64)
+    #: The node's GPUs: indices 0 .. gpu_count - 1, each once (or none: the GPU rows stay as they are).
+    gpus: list[GpuInventoryItem] = Field(default=[], max_length=MAX_NODE_GPUS)
+    address: str | None = Field(default=None, max_length=256)
     #: Allocation ids the agent runs members of; the answer's ``fence`` lists those the store no longer holds.
-    running: list[str] = []
+    running: list[Annotated[str, Field(max_length=64)]] = Field(default=[], max_length=MAX_RUNNING)
+
+    @field_validator("gpus")
+    @classmethod
+    def _inventory(cls, gpus: list[GpuInventoryItem], info: ValidationInfo) -> list[GpuInventoryItem]:
+        _indices_unique(gpus)
+        count = info.data.get("gpu_count")
+        if gpus and count is not None and sorted(g.index for g in gpus) != list(range(count)):
+            raise ValueError(f"the indices must be 0..{count - 1}, each once (got {sorted(g.index for g in gpus)})")
+        return gpus
 
 
 class NodeHeartbeat(BaseModel):
-    boot_id: str
-    running: list[str] = []
-    #: [{"index": int, "health": {...}}]: each GPU's latest health report (fairgang.health.REPORT_KEYS).
-    gpus: list[dict[str, Any]] = []
+    boot_id: str = Field(min_length=1, max_length=64)
+    running: list[Annotated[str, Field(max_length=64)]] = Field(default=[], max_length=MAX_RUNNING)
+    #: Each GPU's latest health report, this node's GPUs only.
+    gpus: list[GpuReport] = Field(default=[], max_length=MAX_NODE_GPUS)
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique(cls, gpus: list[GpuReport]) -> list[GpuReport]:
+        _indices_unique(gpus)
+        return gpus
 
 
 class NodeAnswer(BaseModel):

@@ -20,7 +20,8 @@ counts, to ``--stats`` (JSON) every few seconds and when it stops::
     .venv/bin/python -m benchmarks.agent_host --config cluster.yaml --shard 0 --shards 4 --stats host-0.json
 
 Settings (API URL, Temporal address, heartbeat interval, ...) come from the FAIRGANG_* environment as for
-``fairgang agent``; the node token from ``--token`` or FAIRGANG_NODE_TOKEN.
+``fairgang agent``; each node's credential derived from the cluster's node secret (``--token`` or
+FAIRGANG_NODE_TOKEN, else the config's ``node_token``), as seeding the store issued it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from cli.processes import connect_temporal_with_retry
-from fairgang.cluster import NodeConfig, load_cluster_config
+from fairgang.cluster import NodeConfig, load_cluster_config, node_credential
 from fairgang.settings import Settings
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import SimulatedGpus
@@ -198,9 +199,8 @@ class AgentHost:
         self.settings, self.nodes, self.token, self.stats, self.polls = settings, nodes, token, stats, polls
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         self.timings = Timings(httpx.AsyncHTTPTransport(limits=limits))
-        self.http = httpx.AsyncClient(
-            base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0, transport=self.timings
-        )
+        #: One connection pool for all: each node's client (its own credential) shares this transport.
+        self.http = httpx.AsyncClient(base_url=settings.api_url, timeout=10.0, transport=self.timings)
         self.agents: list[NodeAgent] = []
         self._unused: list[httpx.AsyncClient] = []
         self.started = time.time()
@@ -212,11 +212,12 @@ class AgentHost:
             gpu_type=node.gpu_type,
             gpus=SimulatedGpus(node.id, node.gpu_type, node.gpus),
             labels=dict(node.labels),
-            token=self.token,
+            token=node_credential(self.token, node.id),
             log_dir=Path(self.settings.log_dir),
         )
         own = agent.http
-        agent.http = self.http
+        headers = {"Authorization": f"Bearer {node_credential(self.token, node.id)}"}
+        agent.http = httpx.AsyncClient(base_url=self.settings.api_url, headers=headers, timeout=10.0, transport=self.timings)
         agent.launcher = SimulatedLaunch(
             node_id=node.id,
             log_dir=Path(self.settings.log_dir),

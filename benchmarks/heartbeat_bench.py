@@ -39,7 +39,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from fairgang.cluster import ClusterConfig, NodeConfig, QuotaConfig, TenantConfig
+from fairgang.cluster import ClusterConfig, NodeConfig, QuotaConfig, TenantConfig, node_credential
 from store import health, tenants
 from store import nodes as stored_nodes
 from store.db import Database, migrate
@@ -269,11 +269,12 @@ class Wire:
             raise
 
     async def _post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        node_id = path.split("/")[3]  # /v1/nodes/<id>/heartbeat: each node speaks with its own credential
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {NODE_TOKEN}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {node_credential(NODE_TOKEN, node_id)}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)

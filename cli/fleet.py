@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -12,8 +13,11 @@ from cli.kit import ApiUrl, Output, Token, console
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
+from cli.kit import fail as _fail
 from cli.kit import ts as _ts
+from fairgang.cluster import load_cluster_config, node_credential
 from fairgang.durations import format_duration
+from fairgang.spec import SpecError
 
 app = typer.Typer()
 
@@ -124,6 +128,38 @@ def top(
 
 node_app = typer.Typer(help="Admin: cordon, drain, uncordon nodes; return GPUs to service; inject simulated faults.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
+
+
+@node_app.command("enrol")
+def node_enrol(
+    node_id: str,
+    gpu_type: str = typer.Option(..., "--gpu-type"),
+    gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs on the node."),
+    label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1 (repeat)."),
+    api_url: str = ApiUrl,
+    token: str = Token,
+) -> None:
+    """Admin: enrol a node (again, to change its GPUs or labels) and print its new credential, once."""
+    bad = [item for item in label if "=" not in item]
+    if bad:
+        _fail(f"--label: {bad[0]!r} is not key=value")
+    body = {"node_id": node_id, "gpu_type": gpu_type, "gpu_count": gpus, "labels": dict(item.split("=", 1) for item in label)}
+    with _client(api_url, token) as http:
+        answer = _check(http.post("/v1/nodes", json=body))
+    console.print(f"node {node_id} enrolled; its agent's FAIRGANG_NODE_TOKEN (shown once):")
+    console.print(answer["token"], markup=False, highlight=False)
+
+
+@node_app.command("credential")
+def node_credential_of(node_id: str, config: Path = typer.Option(..., "--config", "-c", help="Cluster config YAML.")) -> None:
+    """Print the credential a node of the cluster config gets from seeding (its agent's FAIRGANG_NODE_TOKEN)."""
+    try:
+        cluster = load_cluster_config(config)
+    except SpecError as err:
+        _fail(f"{config}: {err}")
+    if node_id not in {n.id for n in cluster.nodes}:
+        _fail(f"node {node_id} is not in {config}")
+    console.print(node_credential(cluster.node_token, node_id), markup=False, highlight=False)
 
 
 @node_app.command("cordon")

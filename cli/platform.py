@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from fairgang.cluster import ClusterConfig
+from fairgang.cluster import ClusterConfig, node_credential
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings, normalise_database_url
 from store import tenants
 from store.db import Database, migrate
@@ -73,6 +73,8 @@ class DevPlatform:
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     argvs: dict[str, list[str]] = field(default_factory=dict)
+    #: Environment of one part only (a node agent's own credential).
+    part_envs: dict[str, dict[str, str]] = field(default_factory=dict)
     restarts: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -106,14 +108,21 @@ class DevPlatform:
         env.update(self.extra_env)
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], own_env: dict[str, str] | None = None) -> None:
+        if own_env is not None:
+            self.part_envs[name] = own_env
         logs = self.data_dir / "process-logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as out:
             # Each part leads a process group of its own: a Ctrl-C in the terminal reaches only this process, which
             # then stops the parts in order (Temporal last, so the others can still report to it).
             proc = subprocess.Popen(
-                argv, env=self.env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, process_group=0
+                argv,
+                env=self.env() | self.part_envs.get(name, {}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                process_group=0,
             )
         self.procs[name], self.argvs[name] = proc, argv
         self._write_pids()
@@ -127,7 +136,6 @@ class DevPlatform:
 
     def start(self, say: Callable[[str], None] = print) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.extra_env.setdefault("FAIRGANG_NODE_TOKEN", self.config.node_token)
         temporal = [
             temporal_binary(), "server", "start-dev",
             "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
@@ -150,7 +158,8 @@ class DevPlatform:
             labels = [a for k, v in sorted(node.labels.items()) for a in ("--label", f"{k}={v}")]
             argv = [*py, "agent", "--node-id", node.id, "--gpu-type", node.gpu_type, "--gpus", str(node.gpus), "--simulated", *labels]
             argv += ["--runtime", node.runtime]
-            self._spawn(f"agent-{node.id}", argv)
+            # Each agent gets its own node's credential only, and no other part gets one.
+            self._spawn(f"agent-{node.id}", argv, {"FAIRGANG_NODE_TOKEN": node_credential(self.config.node_token, node.id)})
         say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
         say(f"dashboard {self.settings.api_url}/dashboard#token=<a tenant or admin token>")
         say(f"store     {normalise_database_url(self.settings.database_url)}")

@@ -6,6 +6,8 @@ simulated agent per node) and, later, the simulator. Topology levels are data.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Literal
 
@@ -60,6 +62,8 @@ class ClusterConfig(BaseModel):
 
     topology_levels: list[str] = Field(default_factory=lambda: ["node", "leaf", "spine"])
     admin_tokens: list[str] = Field(default_factory=list)
+    #: The secret each configured node's own credential is derived from (:func:`node_credential`); it
+    #: authenticates nothing itself. Give each node's agent only its own credential.
     node_token: str = "fairgang-node-token"
     tenants: list[TenantConfig] = Field(default_factory=list)
     nodes: list[NodeConfig] = Field(default_factory=list)
@@ -98,3 +102,12 @@ def load_cluster_config(path: str | Path) -> ClusterConfig:
         return ClusterConfig.model_validate(data or {})
     except ValidationError as err:
         raise SpecError(problems_from_validation(err)) from None
+
+
+def node_credential(node_token: str, node_id: str) -> str:
+    """The credential of one configured node: HMAC-SHA256 of its id under the cluster's node secret.
+
+    It lets that node's agent register and heartbeat as that node only; knowing it tells nothing of
+    another node's credential or of the secret.
+    """
+    return "fgn-" + hmac.new(node_token.encode(), node_id.encode(), hashlib.sha256).hexdigest()

@@ -33,6 +33,8 @@ class ApiToken(SQLModel, table=True):
     #: "tenant", "admin" or "node".
     role: str = Field(max_length=16)
     tenant: str | None = Field(default=None, foreign_key="tenant.name", max_length=64)
+    #: A node token's node: the only node it may register or heartbeat as.
+    node_id: str | None = Field(default=None, max_length=64)
     created_at: float = 0.0
 
 

@@ -11,14 +11,52 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlmodel import col
 
+from store.auth import new_node_token, set_node_credential
 from store.common import REVOKED, add_event_once, held, new_event
 from store.db import Database, bump_change_feed
 from store.health import live_gpu_jobs
 from store.models import Allocation, AllocationGpu, Gpu, Node
+
+
+class NodeRefused(ValueError):
+    """A registration or enrolment the store refuses; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+async def enrol_node(
+    db: Database, *, node_id: str, gpu_type: str, gpu_count: int, labels: dict[str, str], now: float | None = None
+) -> str:
+    """An admin enrols a node, or enrols it again (its GPU type, count or labels change): its new credential.
+
+    The node's earlier credential stops working. Its GPU type or count may change only while nothing is
+    placed on it (drain it first).
+    """
+    now = time.time() if now is None else now
+    token = new_node_token()
+    async with db.transaction() as session:
+        node = await session.get(Node, node_id)
+        if node is None:
+            node = Node(id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=labels)
+            session.add(node)
+        else:
+            if (node.gpu_type, node.gpu_count) != (gpu_type, gpu_count) and await _live_allocations_on(session, node_id):
+                raise NodeRefused("gpu_count", f"node {node_id} has live allocations: drain it before its GPUs change")
+            node.gpu_type, node.gpu_count, node.labels = gpu_type, gpu_count, labels
+        await session.flush()
+        for index in range(gpu_count):
+            if await session.get(Gpu, (node_id, index)) is None:
+                session.add(Gpu(node_id=node_id, index=index))
+        await session.execute(delete(Gpu).where(col(Gpu.node_id) == node_id, col(Gpu.index) >= gpu_count))
+        await set_node_credential(session, node_id, token, now=now)
+        await bump_change_feed(session)
+    return token
 
 
 async def register_node(
@@ -38,17 +76,22 @@ async def register_node(
     A node that comes back with a new boot id keeps its live allocations in the store
     (their workflows decide what became of them); the agent kills any process whose
     allocation is not in the returned list (invariant 4).
+
+    Raises:
+        NodeRefused: the node was never enrolled, or its agent reports another GPU type or count than
+            its enrolment (those change only through an admin's enrolment).
     """
     now = time.time() if now is None else now
     async with db.transaction() as session:
         node = await session.get(Node, node_id)
         if node is None:
-            node = Node(id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=labels)
-            session.add(node)
-        else:
-            node.gpu_type, node.gpu_count = gpu_type, gpu_count
-            if labels:
-                node.labels = labels
+            raise NodeRefused("node_id", f"node {node_id} is not enrolled (an admin enrols it: fairgang node enrol)")
+        if node.gpu_type != gpu_type:
+            raise NodeRefused("gpu_type", f"node {node_id} is enrolled with {node.gpu_type}, not {gpu_type}: an admin re-enrols it")
+        if node.gpu_count != gpu_count:
+            raise NodeRefused("gpu_count", f"node {node_id} is enrolled with {node.gpu_count} GPUs, not {gpu_count}: an admin re-enrols it")
+        if labels:
+            node.labels = labels
         was_lost = node.state == "LOST"
         node.boot_id, node.last_heartbeat, node.registered_at, node.address = boot_id, now, now, address
         if node.state in ("DOWN", "LOST"):

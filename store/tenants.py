@@ -11,12 +11,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import String, cast, func, select
+from sqlalchemy import String, cast, delete, func, select
 from sqlmodel import col
 
 from fairgang.admission import FleetShape, TenantPolicy
-from fairgang.cluster import ClusterConfig
-from store.auth import hash_token
+from fairgang.cluster import ClusterConfig, node_credential
+from store.auth import hash_token, set_node_credential
 from store.db import Database, bump_change_feed
 from store.models import ApiToken, Gpu, Node, Tenant
 
@@ -46,7 +46,6 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
                     setattr(row, key, value)
         await session.flush()
         wanted: list[tuple[str, str, str | None]] = [(tok, "admin", None) for tok in config.admin_tokens]
-        wanted += [(config.node_token, "node", None)]
         wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
         for token, role, tenant in wanted:
             digest = hash_token(token)
@@ -65,6 +64,9 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
             for index in range(n.gpus):
                 if await session.get(Gpu, (n.id, index)) is None:
                     session.add(Gpu(node_id=n.id, index=index))
+            await set_node_credential(session, n.id, node_credential(config.node_token, n.id), now=now)
+        # Node tokens of earlier versions named no node (one for all): they no longer authenticate.
+        await session.execute(delete(ApiToken).where(col(ApiToken.role) == "node", col(ApiToken.node_id).is_(None)))
         await bump_change_feed(session)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fairgang.cluster import load_cluster_config
+from fairgang.cluster import load_cluster_config, node_credential
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -80,15 +80,15 @@ def test_agent_and_api_share_the_log_volume() -> None:
 
 
 def test_agent_matches_the_seeded_cluster() -> None:
-    """The agent's node token and node id are the ones the seed loads into the store."""
+    """The agent's node id is a node the seed loads into the store, and its token that node's credential."""
     services = _services()
     seed_mounts = [v for v in services["seed"]["volumes"] if v.endswith(":/etc/fairgang/cluster.yaml:ro")]
     assert seed_mounts, "the seed service does not mount a cluster config"
     config = load_cluster_config(ROOT / seed_mounts[0].split(":", 1)[0])
     agent = services["agent"]
-    assert agent["environment"]["FAIRGANG_NODE_TOKEN"] == config.node_token
     argv = agent["command"]
     node_id = argv[argv.index("--node-id") + 1]
+    assert agent["environment"]["FAIRGANG_NODE_TOKEN"] == node_credential(config.node_token, node_id)
     node = next((n for n in config.nodes if n.id == node_id), None)
     assert node is not None, f"node {node_id} is not in the cluster config"
     assert node.gpu_type == argv[argv.index("--gpu-type") + 1]

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fairgang.cluster import node_credential
 from fairgang.settings import Settings
 from store import jobs
 from store.db import Database
@@ -21,7 +22,9 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-ALPHA, BETA, ADMIN, NODE = auth("alpha-token"), auth("beta-token"), auth("admin-token"), auth("node-token")
+ALPHA, BETA, ADMIN = auth("alpha-token"), auth("beta-token"), auth("admin-token")
+#: Node h1's own credential (seeding derives it from the cluster's node secret).
+NODE = auth(node_credential("node-token", "h1"))
 
 
 async def test_openapi_and_health(api: httpx.AsyncClient) -> None:

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.insight import learned_runtimes, size_class
 from api.metrics import requeue_reason
+from fairgang.cluster import node_credential
 from fairgang.members import PlacedMember
 from store import jobs, placement
 from store.db import Database
@@ -40,7 +41,8 @@ async def register(api: httpx.AsyncClient, node_id: str, utilisation: float) -> 
         "boot_id": "b",
         "gpus": gpus,
     }
-    assert (await api.post("/v1/nodes/register", json=body, headers=NODE)).json()["accepted"]
+    own = {"Authorization": f"Bearer {node_credential('node-token', node_id)}"}  # each node speaks for itself
+    assert (await api.post("/v1/nodes/register", json=body, headers=own)).json()["accepted"]
 
 
 async def queue_job(api: httpx.AsyncClient, db: Database, headers: dict, **spec: Any) -> str:

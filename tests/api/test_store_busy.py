@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 from api.app import STORE_BUSY_RETRY_S, create_app
+from fairgang.cluster import node_credential
 from fairgang.settings import Settings
 from store.db import Database
 from tests.builders import spec_dict
 
 ALPHA = {"Authorization": "Bearer alpha-token"}
-NODE = {"Authorization": "Bearer node-token"}
+NODE = {"Authorization": f"Bearer {node_credential('node-token', 'h1')}"}
 
 
 @contextlib.asynccontextmanager

@@ -19,6 +19,7 @@ async def test_the_fleet_shape_for_admission_is_counted_per_node_shape(seeded: D
     shape = await tenants.fleet_shape(seeded)
     assert shape.shapes == {"H100-80GB": {8: 2}, "L40S": {4: 1}}
     assert shape.levels == {"node", "leaf", "spine"}
+    await nodes.enrol_node(seeded, node_id="x1", gpu_type="L40S", gpu_count=2, labels={})
     await nodes.register_node(
         seeded, node_id="x1", gpu_type="L40S", gpu_count=2, labels={"rack": "r9"}, boot_id="b", gpus=[{"index": 0}, {"index": 1}]
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import httpx
 
+from fairgang.cluster import node_credential
 from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from store import jobs, nodes, placement
 from store.db import Database
 from tests.builders import job_spec
 
-NODE = {"Authorization": "Bearer node-token"}
+NODE = {"Authorization": f"Bearer {node_credential('node-token', 'h1')}"}
 
 
 async def _running_job(db: Database, name: str, gpu: int) -> tuple[str, str]:

@@ -1,0 +1,85 @@
+"""One identity per node: a node's credential speaks for that node only; registration checks the inventory
+against the node's enrolment; an admin enrols nodes (and enrols them again to change their GPUs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from fairgang.cluster import node_credential
+from store import nodes
+from store.db import Database
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+H1, H2, ADMIN, ALPHA = (
+    auth(node_credential("node-token", "h1")),
+    auth(node_credential("node-token", "h2")),
+    auth("admin-token"),
+    auth("alpha-token"),
+)
+
+
+def registration(node_id: str = "h1", **extra: Any) -> dict[str, Any]:
+    body = {"node_id": node_id, "gpu_type": "H100-80GB", "gpu_count": 8, "boot_id": "b1", "gpus": [{"index": i} for i in range(8)]}
+    return body | extra
+
+
+def fields(resp: httpx.Response) -> dict[str, str]:
+    detail = resp.json()["detail"]
+    return {p["field"]: p["reason"] for p in detail["problems"]}
+
+
+async def test_a_node_credential_speaks_for_its_own_node_only(api: httpx.AsyncClient) -> None:
+    assert (await api.post("/v1/nodes/register", json=registration("h1"), headers=H1)).json()["accepted"]
+    as_other = await api.post("/v1/nodes/register", json=registration("h2"), headers=H1)
+    assert as_other.status_code == 403 and "node h1's, not node h2's" in as_other.json()["detail"]
+    assert (await api.post("/v1/nodes/h2/heartbeat", json={"boot_id": "b1"}, headers=H1)).status_code == 403
+    assert (await api.post("/v1/nodes/h1/heartbeat", json={"boot_id": "b1"}, headers=H1)).json()["accepted"]
+    # Neither an admin nor a tenant speaks for a node, and the cluster's node secret itself is no credential.
+    for headers in (ADMIN, ALPHA):
+        assert (await api.post("/v1/nodes/register", json=registration("h2"), headers=headers)).status_code == 403
+        assert (await api.post("/v1/nodes/h1/heartbeat", json={"boot_id": "b1"}, headers=headers)).status_code == 403
+    assert (await api.post("/v1/nodes/register", json=registration("h2"), headers=auth("node-token"))).status_code == 401
+
+
+async def test_registration_checks_the_inventory_and_the_enrolment(api: httpx.AsyncClient) -> None:
+    bad = [
+        (registration(gpu_count=0), "gpu_count"),
+        (registration(gpu_count=-5), "gpu_count"),
+        (registration(gpus=[{"index": -3}]), "gpus.0.index"),
+        (registration(gpus=[{"index": i} for i in (0, 1, 2, 3, 4, 5, 6, 9)]), "gpus"),
+        (registration(gpus=[{"index": 0}] * 8), "gpus"),
+        (registration(node_id="h1/../h2"), "node_id"),
+    ]
+    for body, field in bad:
+        resp = await api.post("/v1/nodes/register", json=body, headers=H1)
+        assert resp.status_code == 422 and field in fields(resp), (body, resp.text)
+    # GPU type and count change only through an admin's enrolment.
+    other_type = await api.post("/v1/nodes/register", json=registration(gpu_type="L40S"), headers=H1)
+    assert other_type.status_code == 409 and "enrolled with H100-80GB" in fields(other_type)["gpu_type"]
+    fewer = await api.post("/v1/nodes/register", json=registration(gpu_count=4, gpus=[{"index": i} for i in range(4)]), headers=H1)
+    assert fewer.status_code == 409 and "enrolled with 8 GPUs" in fields(fewer)["gpu_count"]
+
+
+async def test_an_admin_enrols_a_node_and_enrolling_again_replaces_its_credential(api: httpx.AsyncClient, seeded: Database) -> None:
+    body = {"node_id": "n9", "gpu_type": "L40S", "gpu_count": 2, "labels": {"leaf": "l2", "spine": "s1"}}
+    assert (await api.post("/v1/nodes", json=body, headers=ALPHA)).status_code == 403
+    assert (await api.post("/v1/nodes", json=body | {"gpu_count": 0}, headers=ADMIN)).status_code == 422
+    first = await api.post("/v1/nodes", json=body, headers=ADMIN)
+    assert first.status_code == 201 and first.json()["node_id"] == "n9"
+    n9 = auth(first.json()["token"])
+    reg = registration("n9", gpu_type="L40S", gpu_count=2, gpus=[{"index": 0}, {"index": 1}])
+    assert (await api.post("/v1/nodes/register", json=reg, headers=n9)).json()["accepted"]
+    assert len([g for g in await nodes.list_gpus(seeded) if g.node_id == "n9"]) == 2
+    # Enrolled again with four GPUs: the old credential stops working, the new one registers the new inventory.
+    again = await api.post("/v1/nodes", json=body | {"gpu_count": 4}, headers=ADMIN)
+    assert again.status_code == 201 and again.json()["token"] != first.json()["token"]
+    assert (await api.post("/v1/nodes/n9/heartbeat", json={"boot_id": "b1"}, headers=n9)).status_code == 401
+    reg4 = reg | {"gpu_count": 4, "gpus": [{"index": i} for i in range(4)]}
+    assert (await api.post("/v1/nodes/register", json=reg4, headers=auth(again.json()["token"]))).json()["accepted"]
+    assert sorted(g.index for g in await nodes.list_gpus(seeded) if g.node_id == "n9") == [0, 1, 2, 3]
