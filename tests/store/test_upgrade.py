@@ -46,7 +46,7 @@ async def _insert_as_the_old_schema(url: str, rows: list[SQLModel]) -> None:
             meta = MetaData()
             await conn.run_sync(meta.reflect)
             for row in rows:
-                table = meta.tables[type(row).__tablename__]  # type: ignore[attr-defined]
+                table = meta.tables[str(type(row).__tablename__)]
                 values = {k: v for k, v in row.model_dump().items() if k in table.c and v is not None}
                 await conn.execute(insert(table).values(**values))
     finally:
