@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
+from functools import partial
 
 from scheduler.core.quota import QuotaBook
 from scheduler.core.types import PendingJob, Reservation, RunningJob, SchedulerConfig
@@ -20,14 +21,15 @@ def waited_s(job: PendingJob, now: float) -> float:
     return max(0.0, now - since)
 
 
-def aged_priority(job: PendingJob, now: float, config: SchedulerConfig) -> float:
-    """Priority class plus ``aging_per_hour`` for every hour waited."""
-    return job.priority + config.aging_per_hour * waited_s(job, now) / 3600.0
+def aged_priority(job: PendingJob, now: float, config: SchedulerConfig, waited: float | None = None) -> float:
+    """Priority class plus ``aging_per_hour`` for every hour waited (``waited``: :func:`waited_s`, when known)."""
+    return job.priority + config.aging_per_hour * (waited_s(job, now) if waited is None else waited) / 3600.0
 
 
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
     """A tenant's own queue: 1. higher aged priority, 2. waited longer, 3. queued earlier, 4. job id."""
-    return (-aged_priority(job, now, config), -waited_s(job, now), job.queued_at, job.id)
+    waited = waited_s(job, now)
+    return (-aged_priority(job, now, config, waited), -waited, job.queued_at, job.id)
 
 
 def standing_key(reservation: Reservation) -> tuple[float, str]:
@@ -94,7 +96,7 @@ class FairQueue:
         #: (key, tenant, the tenant's usage version the key was computed at)
         self._heap: list[tuple[tuple[float, str], str, int]] = []
         for tenant in sorted(by_tenant):
-            self._queues[tenant] = sorted(by_tenant[tenant], key=lambda job: within_tenant_key(job, now, config))
+            self._queues[tenant] = sorted(by_tenant[tenant], key=partial(within_tenant_key, now=now, config=config))
             self._next[tenant] = 0
             self._heap.append(self._entry(tenant))
         heapq.heapify(self._heap)
