@@ -2,7 +2,9 @@
 
 A trial is admitted exactly like ``POST /v1/jobs``: the tenant's policy and the fleet's
 shapes (:func:`fairgang.admission.check_admission`), then ``store.jobs.create_job`` with the
-tenant's concurrent-job cap, under the deterministic id ``<sweep id>-<index>``.
+tenant's concurrent-job cap (:func:`fairgang.admission.job_cap_problem`), under the
+deterministic id ``<sweep id>-<index>``. A scheduled run's sweep is admitted as a whole by
+:func:`fairgang.admission.check_sweep_admission`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from typing import Any
 
 from temporalio import activity
 
-from fairgang.admission import FleetShape, check_admission
+from fairgang.admission import check_admission, check_sweep_admission
 from fairgang.settings import Settings, log_path
 from fairgang.spec import SpecError
 from fairgang.sweeps import SweepSpec, parse_metrics, parse_sweep, trial_job_id
 from store import jobs, tenants
 from store import sweeps as stored_sweeps
 from store.db import Database
-from store.models import Sweep, Tenant
+from store.models import Sweep
 from workflows import starter
 from workflows.sweep_messages import (
     FinishSweepInput,
@@ -134,7 +136,8 @@ class SweepActivities:
         tenant = await tenants.get_tenant(self.db, tenant_name)
         if tenant is None:
             return [f"tenant: unknown tenant '{tenant_name}'"]
-        return [f"template.{p.field}: {p.reason}" for p in admission_problems(spec, tenant, await tenants.fleet_shape(self.db))]
+        problems = check_sweep_admission(spec, tenants.tenant_policy(tenant), await tenants.fleet_shape(self.db))
+        return [f"template.{p.field}: {p.reason}" for p in problems]
 
     @activity.defn(name="create_trial")
     async def create_trial(self, inp: TrialInput) -> TrialStart:
@@ -197,18 +200,6 @@ class SweepActivities:
 
     def all(self) -> list[object]:
         return [self.open_sweep, self.create_trial, self.trial_states, self.finish_sweep]
-
-
-def admission_problems(spec: SweepSpec, tenant: Tenant, fleet: FleetShape) -> list[Any]:
-    """Admission problems of every distinct trial job (fields relative to the job spec)."""
-    seen: dict[tuple[str, str], Any] = {}
-    policy = tenants.tenant_policy(tenant)
-    for index, params in enumerate(spec.trial_params()):
-        for problem in check_admission(spec.trial_spec(index, params, tenant=tenant.name), policy, fleet):
-            seen.setdefault((problem.field, problem.reason), problem)
-        if len(seen) >= 20:
-            break
-    return list(seen.values())
 
 
 def read_metrics(log_dir: Path, job_id: str, attempt: int) -> dict[str, float]:

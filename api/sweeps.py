@@ -30,8 +30,9 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.sweeps import admission_problems, scheduled_workflow_id
+from activities.sweeps import scheduled_workflow_id
 from api.deps import Caller, State, log, require_user
+from fairgang.admission import check_sweep_admission
 from fairgang.settings import CONTROL_TASK_QUEUE
 from fairgang.spec import SpecError, SpecProblem
 from fairgang.sweeps import OVERLAP_POLICIES, SweepSpec, parse_schedule, parse_sweep
@@ -115,7 +116,7 @@ async def _tenant_for(state: State, who: auth.Principal, named: str | None) -> T
 
 
 async def _admit(state: State, spec: SweepSpec, tenant: Tenant, prefix: str = "") -> None:
-    problems = admission_problems(spec, tenant, await tenants.fleet_shape(state.db))
+    problems = check_sweep_admission(spec, tenants.tenant_policy(tenant), await tenants.fleet_shape(state.db))
     if problems:
         raise refused([SpecProblem(field=f"{prefix}template.{p.field}", reason=p.reason) for p in problems])
 

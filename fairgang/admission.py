@@ -1,14 +1,25 @@
 """Admission (SPEC R1.2, R2.1): may this tenant run this job on this fleet?
 
-Pure: it takes the tenant's policy and the fleet's node shapes, returns every problem.
+Pure: every admission rule is here, each taking what it decides on and returning every problem.
+:func:`check_admission` judges a job spec against the tenant's policy and the fleet's node shapes
+(``POST /v1/jobs`` and each sweep trial), :func:`check_sweep_admission` every distinct trial of a
+sweep the same way, and :func:`job_cap_problem` the tenant's concurrent-job cap (decided inside
+the store's insert transaction, from the count it reads there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fairgang.durations import format_duration
 from fairgang.spec import JobSpec, SpecProblem
+
+if TYPE_CHECKING:
+    from fairgang.sweeps import SweepSpec
+
+#: At most this many distinct problems are gathered from a sweep's trials.
+SWEEP_PROBLEM_LIMIT = 20
 
 
 @dataclass(frozen=True)
@@ -77,3 +88,25 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
         levels = ", ".join(sorted(fleet.levels | {"any"}))
         problems.append(SpecProblem(field="topology.level", reason=f"unknown topology level '{spec.topology.level}' (one of {levels})"))
     return problems
+
+
+def check_sweep_admission(spec: SweepSpec, tenant: TenantPolicy, fleet: FleetShape) -> list[SpecProblem]:
+    """Admission problems of every distinct trial job of a sweep (fields relative to the job spec).
+
+    Each trial's job spec is judged by :func:`check_admission`; gathering stops once
+    :data:`SWEEP_PROBLEM_LIMIT` distinct problems are found.
+    """
+    seen: dict[tuple[str, str], SpecProblem] = {}
+    for index, params in enumerate(spec.trial_params()):
+        for problem in check_admission(spec.trial_spec(index, params, tenant=tenant.name), tenant, fleet):
+            seen.setdefault((problem.field, problem.reason), problem)
+        if len(seen) >= SWEEP_PROBLEM_LIMIT:
+            break
+    return list(seen.values())
+
+
+def job_cap_problem(tenant: str, unfinished: int, max_concurrent_jobs: int | None) -> SpecProblem | None:
+    """Why one more job would put the tenant over its concurrent-job cap (None: it may submit; no cap: None)."""
+    if max_concurrent_jobs is None or unfinished < max_concurrent_jobs:
+        return None
+    return SpecProblem(field="tenant", reason=f"tenant '{tenant}' already has {unfinished} unfinished jobs (limit {max_concurrent_jobs})")

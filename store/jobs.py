@@ -13,6 +13,7 @@ from sqlalchemy import func, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col
 
+from fairgang.admission import job_cap_problem
 from fairgang.spec import JobSpec, JobState
 from store.common import LIVE_ALLOCATION_STATES, TERMINAL, add_event_once, new_event, new_id
 from store.db import Database, bump_change_feed
@@ -70,11 +71,9 @@ async def create_job(
                         select(func.count()).select_from(Job).where(col(Job.tenant) == tenant, col(Job.state).not_in(TERMINAL))
                     )
                 ).scalar_one()
-                if active >= max_concurrent_jobs:
-                    raise AdmissionRefused(
-                        "tenant",
-                        f"tenant '{tenant}' already has {active} unfinished jobs (limit {max_concurrent_jobs})",
-                    )
+                refused = job_cap_problem(tenant, active, max_concurrent_jobs)
+                if refused is not None:
+                    raise AdmissionRefused(refused.field, refused.reason)
             session.add(job)
             await session.flush()
             session.add(new_event(job.id, 1, "SUBMITTED", f"submitted by tenant {tenant}", "submitted", now))

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairgang.admission import FleetShape, TenantPolicy, check_admission, gang_fits_shape
+from fairgang.admission import FleetShape, TenantPolicy, check_admission, check_sweep_admission, gang_fits_shape, job_cap_problem
 from fairgang.durations import format_duration, parse_duration
 from fairgang.spec import SpecError, load_spec_text, parse_spec
+from fairgang.sweeps import parse_sweep
 from tests.builders import job_spec, spec_dict
 
 FLEET = FleetShape(shapes={"H100-80GB": {8: 2}, "L40S": {4: 1}}, levels=frozenset({"node", "leaf", "spine"}))
@@ -102,3 +103,31 @@ def test_gang_shape_rule(count: int) -> None:
 @given(st.integers(min_value=1, max_value=10**6))
 def test_durations_round_trip(seconds: int) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_job_cap_refuses_at_the_cap_and_not_below() -> None:
+    assert job_cap_problem("alpha", 1, 2) is None
+    assert job_cap_problem("alpha", 5, None) is None
+    problem = job_cap_problem("alpha", 2, 2)
+    assert problem is not None
+    assert (problem.field, problem.reason) == ("tenant", "tenant 'alpha' already has 2 unfinished jobs (limit 2)")
+
+
+def test_sweep_admission_judges_every_trial_and_reports_each_problem_once() -> None:
+    doc = {
+        "name": "lr",
+        "parameters": {"grid": {"lr": [1, 2, 3]}},
+        "template": {
+            "entrypoint": ["python3", "train.py", "--lr={{lr}}"],
+            "gpu_type": "H100-80GB",
+            "gpu_count": 1,
+            "max_runtime": "10m",
+            "checkpoint_dir": "/ckpt/{{lr}}",
+        },
+    }
+    problems = check_sweep_admission(
+        parse_sweep({**doc, "template": {**doc["template"], "checkpoint_dir": "/ckpt/alpha/{{lr}}"}}), ALPHA, FLEET
+    )
+    assert problems == []
+    problems = check_sweep_admission(parse_sweep(doc), ALPHA, FLEET)
+    assert [(p.field, p.reason) for p in problems] == [("checkpoint_dir", "must lie under the tenant's prefix /ckpt/alpha")]
