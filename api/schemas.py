@@ -53,6 +53,8 @@ class JobPublic(BaseModel):
     gpu_count: int
     priority: int
     pending_reason: str | None
+    #: The scheduler's code for ``pending_reason`` (scheduler.core.Pending, e.g. "no_free_node"); None for other texts.
+    pending_code: str | None
     end_reason: str | None
     exit_code: int | None
     latest_checkpoint: str | None
@@ -75,6 +77,7 @@ class JobPublic(BaseModel):
             gpu_count=j.gpu_count,
             priority=j.priority,
             pending_reason=j.pending_reason,
+            pending_code=j.pending_code,
             end_reason=j.end_reason,
             exit_code=j.exit_code,
             latest_checkpoint=j.latest_checkpoint,

@@ -72,9 +72,23 @@ async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, 
         )
         for b in decisions.binds
     ]
-    stored = reader.pending_reasons
-    changed = {job_id: reason for job_id, reason in decisions.pending_reasons.items() if stored.get(job_id) != reason}
-    return list(await placement.commit_bindings(db, bindings=rows, pending_reasons=changed, lease_name=LEASE_NAME, epoch=epoch, now=now))
+    texts, codes = reader.pending_reasons, reader.pending_codes
+    changed = {
+        job_id: reason
+        for job_id, reason in decisions.pending_reasons.items()
+        if texts.get(job_id) != reason or codes.get(job_id) != decisions.pending_codes[job_id]
+    }
+    return list(
+        await placement.commit_bindings(
+            db,
+            bindings=rows,
+            pending_reasons=changed,
+            pending_codes={job_id: decisions.pending_codes[job_id].value for job_id in changed},
+            lease_name=LEASE_NAME,
+            epoch=epoch,
+            now=now,
+        )
+    )
 
 
 @dataclass

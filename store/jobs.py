@@ -196,16 +196,16 @@ async def record_transition(
             alloc = await session.get(Allocation, allocation_id)
             if alloc is None or alloc.job_id != job_id or alloc.attempt != attempt or alloc.state not in LIVE_ALLOCATION_STATES:
                 raise StalePlacement(f"allocation {allocation_id} is not a live binding of {job_id} attempt {attempt}")
-            job.pending_reason = None
+            job.pending_reason = job.pending_code = None
             if alloc.state == "BOUND":
                 alloc.state, alloc.acked_at = "ACKED", now
         if state is JobState.RUNNING and job.started_at is None:
             job.started_at = now
         if pending_reason is not None:
-            job.pending_reason = pending_reason
+            job.pending_reason, job.pending_code = pending_reason, None
         if state.terminal:
             job.finished_at, job.exit_code, job.end_reason = now, exit_code, end_reason or message
-            job.pending_reason = None
+            job.pending_reason = job.pending_code = None
             await release_live(session, job_id, now)
         return job
 
@@ -222,7 +222,7 @@ async def requeue_job(db: Database, *, job_id: str, from_attempt: int, reason: s
         await release_live(session, job_id, now)
         job.attempt = from_attempt + 1
         job.state, job.updated_at, job.queued_at = JobState.QUEUED.value, now, now
-        job.pending_reason = f"requeued: {reason}"
+        job.pending_reason, job.pending_code = f"requeued: {reason}", None
         session.add(new_event(job_id, job.attempt, "REQUEUED", reason, f"requeue-{from_attempt}", now))
         await bump_change_feed(session)
         return job
@@ -239,7 +239,7 @@ async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | N
         if not job.workflow_started:
             job.workflow_started, changed = True, True
         if job.state == JobState.QUEUED.value and job.pending_reason == "waiting for its workflow to start":
-            job.pending_reason, changed = "waiting for placement", True
+            job.pending_reason, job.pending_code, changed = "waiting for placement", None, True
         if changed:
             job.updated_at = now
             await bump_change_feed(session)

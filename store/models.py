@@ -85,6 +85,8 @@ class Job(SQLModel, table=True):
     state: str = Field(default="QUEUED", max_length=16)
     attempt: int = 1
     pending_reason: str | None = Field(default=None, max_length=512)
+    #: The scheduler's code for ``pending_reason`` (scheduler.core.Pending); None when the text is not the scheduler's.
+    pending_code: str | None = Field(default=None, max_length=32)
     end_reason: str | None = Field(default=None, max_length=1024)
     exit_code: int | None = None
     latest_checkpoint: str | None = Field(default=None, max_length=1024)

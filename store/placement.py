@@ -63,6 +63,7 @@ async def commit_bindings(
     *,
     bindings: Sequence[BindingRow],
     pending_reasons: dict[str, str],
+    pending_codes: dict[str, str] | None = None,
     lease_name: str,
     epoch: int,
     now: float | None = None,
@@ -73,7 +74,8 @@ async def commit_bindings(
     ``allocation_gpu`` row per GPU; a binding that lost a race (job cancelled, GPU taken)
     is skipped through a savepoint and the rest commit. Each binding's GPUs start counting in the
     usage ledgers (store/usage.py) in the same transaction. ``pending_reasons`` are written in one
-    statement to the jobs still queued: pass only those that changed.
+    statement to the jobs still queued, each with its code from ``pending_codes`` (none: no code):
+    pass only those that changed.
 
     Raises:
         LeaseLost: when ``epoch`` is no longer the lease's epoch.
@@ -101,7 +103,7 @@ async def commit_bindings(
                             .where(
                                 col(Job.id) == binding.job_id, col(Job.state) == JobState.QUEUED.value, col(Job.attempt) == binding.attempt
                             )
-                            .values(state=JobState.PLACED.value, pending_reason=None, updated_at=now)
+                            .values(state=JobState.PLACED.value, pending_reason=None, pending_code=None, updated_at=now)
                             .returning(col(Job.tenant), col(Job.gpu_type))
                         )
                     ).first()
@@ -138,8 +140,11 @@ async def commit_bindings(
             await session.execute(
                 update(table)
                 .where(table.c.id == bindparam("job"), table.c.state == JobState.QUEUED.value)
-                .values(pending_reason=bindparam("reason")),
-                [{"job": job_id, "reason": reason} for job_id, reason in sorted(pending_reasons.items())],
+                .values(pending_reason=bindparam("reason"), pending_code=bindparam("code")),
+                [
+                    {"job": job_id, "reason": reason, "code": (pending_codes or {}).get(job_id)}
+                    for job_id, reason in sorted(pending_reasons.items())
+                ],
             )
     return committed
 

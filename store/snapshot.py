@@ -32,7 +32,8 @@ class Rows:
     gpu_rows: Sequence[Any]
     #: (node id, index) of the GPUs out of service.
     unhealthy: Sequence[Any]
-    #: (id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, pending_reason) by (queued_at, id).
+    #: (id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, pending_reason, pending_code)
+    #: by (queued_at, id).
     queued: Sequence[Any]
     #: (allocation id, job id, allocation attempt, created_at, tenant, gpu_type, priority, job attempt, started_at,
     #: latest_checkpoint_at) of the live (bound or acknowledged) allocations, by allocation id.
@@ -54,6 +55,7 @@ QUEUED_COLUMNS = (
     col(Job.queued_at),
     col(Job.created_at),
     col(Job.pending_reason),
+    col(Job.pending_code),
 )
 LIVE_COLUMNS = (
     col(Allocation.id),

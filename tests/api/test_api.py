@@ -13,7 +13,7 @@ import pytest
 
 from fairgang.cluster import node_credential
 from fairgang.settings import Settings
-from store import jobs
+from store import jobs, placement
 from store.db import Database
 from tests.builders import spec_dict
 
@@ -137,9 +137,26 @@ async def test_queue_lists_jobs_in_fair_order_with_their_reasons(api: httpx.Asyn
     order = [e["job"]["name"] for e in everyone]
     # Fair share: with nothing running, tenants alternate (alpha's name sorts first), each tenant's jobs oldest first.
     assert order == ["a1", "b1", "a2"]
-    assert all(e["job"]["pending_reason"] == "waiting for placement" for e in everyone)
+    assert all(e["job"]["pending_reason"] == "waiting for placement" and e["job"]["pending_code"] is None for e in everyone)
     mine = (await api.get("/v1/queue", headers=BETA)).json()
     assert [(e["position"], e["job"]["name"]) for e in mine] == [(2, "b1")]
+
+
+async def test_a_job_shows_the_schedulers_pending_reason_with_its_code(api: httpx.AsyncClient, seeded: Database) -> None:
+    job = (await api.post("/v1/jobs", json=spec_dict(name="waits", checkpoint_dir="/ckpt/alpha/x"), headers=ALPHA)).json()["job"]
+    await jobs.mark_queued(seeded, job_id=job["id"], attempt=1)
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    await placement.commit_bindings(
+        seeded,
+        bindings=[],
+        pending_reasons={job["id"]: "no H100-80GB node has 1 free GPUs"},
+        pending_codes={job["id"]: "no_free_node"},
+        lease_name="placement",
+        epoch=epoch,
+    )
+    shown = (await api.get(f"/v1/jobs/{job['id']}", headers=ALPHA)).json()
+    assert (shown["pending_reason"], shown["pending_code"]) == ("no H100-80GB node has 1 free GPUs", "no_free_node")
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,25 @@ async def test_pending_reason_is_recorded_for_jobs_that_cannot_fit(
     assert (await service.cycle()).bound == 1
     waiting = await stored_jobs.get_job(seeded, bigger.id)
     assert waiting is not None and waiting.pending_reason == "no L40S node has 4 free GPUs"
+    assert waiting.pending_code == "no_free_node"
+
+
+async def test_a_reason_stored_without_its_code_gets_the_code_next_cycle(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    """A job queued before the store kept codes has the text but no code: the next cycle writes the code."""
+    await _register_all(seeded)
+    service = PlacementService(Settings(database_url=db_url, node_stale_after_s=3600), seeded, temporal_env.client, holder="s")
+    big, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="big", gpu_type="L40S", gpu_count=4), tenant="alpha")
+    bigger, _ = await stored_jobs.create_job(seeded, spec=job_spec(name="bigger", gpu_type="L40S", gpu_count=4), tenant="alpha")
+    for job in (big, bigger):
+        await stored_jobs.mark_queued(seeded, job_id=job.id, attempt=1)
+    await service.cycle()
+    async with seeded.transaction() as session:
+        await session.execute(update(Job).where(col(Job.id) == bigger.id).values(pending_code=None))
+    await service.cycle()
+    waiting = await stored_jobs.get_job(seeded, bigger.id)
+    assert waiting is not None and (waiting.pending_reason, waiting.pending_code) == ("no L40S node has 4 free GPUs", "no_free_node")
 
 
 async def test_leader_cycles_are_counted_in_the_scheduling_metrics(

@@ -100,3 +100,33 @@ async def test_change_feed_moves_when_an_allocation_is_released(seeded: Database
     before = await placement.change_version(seeded)
     await jobs.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1", exit_code=0)
     assert await placement.change_version(seeded) > before
+
+
+async def test_a_pending_reason_is_stored_with_its_code_and_both_go_when_the_job_moves_on(seeded: Database) -> None:
+    a = await queued_job(seeded, "a")
+    b = await queued_job(seeded, "b")
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+
+    async def write(reasons: dict[str, str], codes: dict[str, str] | None) -> None:
+        await placement.commit_bindings(
+            seeded, bindings=[], pending_reasons=reasons, pending_codes=codes, lease_name="placement", epoch=epoch
+        )
+
+    async def stored(job_id: str) -> tuple[str | None, str | None]:
+        job = await jobs.get_job(seeded, job_id)
+        assert job is not None
+        return job.pending_reason, job.pending_code
+
+    await write({a.id: "no H100-80GB node has 8 free GPUs", b.id: "reserved behind job x"}, {a.id: "no_free_node", b.id: "reserved"})
+    assert await stored(a.id) == ("no H100-80GB node has 8 free GPUs", "no_free_node")
+    assert await stored(b.id) == ("reserved behind job x", "reserved")
+    # A text given without a code has none.
+    await write({b.id: "waiting"}, None)
+    assert await stored(b.id) == ("waiting", None)
+    # Bound, or ended while queued: neither text nor code stays.
+    await bind(seeded, a.id, [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)], epoch)
+    assert await stored(a.id) == (None, None)
+    await write({b.id: "reserved behind job x"}, {b.id: "reserved"})
+    await jobs.record_transition(seeded, job_id=b.id, attempt=1, state=JobState.CANCELLED, event_key="cancel-1")
+    assert await stored(b.id) == (None, None)
