@@ -12,7 +12,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
-from api.limits import AuthThrottle
+from api.limits import AuthThrottle, SubmissionBuckets
 from api.views import ViewCache
 from fairgang.settings import Settings
 from store import auth
@@ -35,6 +35,8 @@ class AppState:
     views: ViewCache = field(init=False)
     #: Refused bearer tokens per client address (api/limits.py).
     auth_throttle: AuthThrottle = field(init=False)
+    #: Each tenant's submission bucket in this process (api/limits.py).
+    submissions: SubmissionBuckets = field(default_factory=SubmissionBuckets)
 
     def __post_init__(self) -> None:
         self.views = ViewCache(self.settings, self.db.url)

@@ -61,6 +61,10 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
     tenant = await tenants.get_tenant(state.db, tenant_name)
     if tenant is None:
         raise spec_refused([SpecProblem(field="tenant", reason=f"unknown tenant '{tenant_name}'")])
+    wait = state.submissions.take(tenant.name, tenant.submissions_per_minute, tenant.submission_burst)
+    if wait is not None:
+        detail = f"tenant '{tenant.name}' is over its submission rate ({tenant.submissions_per_minute:g} a minute): try again in {wait} s"
+        raise HTTPException(429, detail, headers={"Retry-After": str(wait)})
     problems = check_admission(spec, tenants.tenant_policy(tenant), await tenants.fleet_shape(state.db))
     if problems:
         raise spec_refused(problems)

@@ -8,7 +8,12 @@
   with ``Retry-After`` until the oldest of those failures is a minute old, without its token being
   looked up. Valid tokens never count.
 
-Both answer with a problem details body (RFC 9457): ``type``, ``title``, ``status``, ``detail``.
+- **Submission rate** (:class:`SubmissionBuckets`): a tenant's job submissions draw from a token bucket
+  of its policy (``submissions_per_minute``, ``submission_burst``); an empty bucket is answered 429 with
+  ``Retry-After``. Each API process keeps its own buckets: with N processes (``fairgang api
+  --workers N``) a tenant may submit up to N times its rate.
+
+All answer with a problem details body (RFC 9457): ``type``, ``title``, ``status``, ``detail``.
 """
 
 from __future__ import annotations
@@ -96,6 +101,25 @@ class BodySizeLimit:
             await send(message)
 
         await self.app(scope, limited_receive, tracking_send)
+
+
+class SubmissionBuckets:
+    """Per tenant: a token bucket (tokens, last refill), refilled at the tenant's rate up to its burst."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, tenant: str, per_minute: float, burst: int) -> int | None:
+        """Take one submission's token; None when taken, else the seconds until one is there."""
+        now = self.clock()
+        tokens, at = self._buckets.get(tenant, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - at) * per_minute / 60.0)
+        if tokens >= 1.0:
+            self._buckets[tenant] = (tokens - 1.0, now)
+            return None
+        self._buckets[tenant] = (tokens, now)
+        return max(1, math.ceil((1.0 - tokens) * 60.0 / per_minute))
 
 
 class AuthThrottle:

@@ -41,6 +41,8 @@ class TenantConfig(BaseModel):
     max_runtime: Seconds = 48 * 3600.0
     max_concurrent_jobs: int = Field(default=100, ge=1)
     checkpoint_prefix: str | None = Field(default=None, description="Checkpoint paths must lie under it.")
+    submissions_per_minute: float = Field(default=600.0, gt=0, description="Job submissions through the API: the bucket's refill.")
+    submission_burst: int = Field(default=100, ge=1, description="Job submissions through the API: the bucket's size.")
 
 
 class NodeConfig(BaseModel):

@@ -23,6 +23,9 @@ class Tenant(SQLModel, table=True):
     max_runtime_s: float = 48 * 3600.0
     max_concurrent_jobs: int = 100
     checkpoint_prefix: str | None = Field(default=None, max_length=1024)
+    #: Job submissions through the API: a token bucket refilled at this rate, holding at most the burst.
+    submissions_per_minute: float = 600.0
+    submission_burst: int = 100
 
 
 class ApiToken(SQLModel, table=True):

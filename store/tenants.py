@@ -38,6 +38,8 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
                 max_runtime_s=t.max_runtime,
                 max_concurrent_jobs=t.max_concurrent_jobs,
                 checkpoint_prefix=t.checkpoint_prefix,
+                submissions_per_minute=t.submissions_per_minute,
+                submission_burst=t.submission_burst,
             )
             if row is None:
                 session.add(Tenant(name=t.name, **values))

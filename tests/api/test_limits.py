@@ -11,9 +11,10 @@ import pytest
 
 from api.app import create_app
 from api.deps import AppState
-from api.limits import AuthThrottle
+from api.limits import AuthThrottle, SubmissionBuckets
 from fairgang.settings import Settings
 from store.db import Database
+from store.models import Tenant
 from tests.builders import spec_dict
 
 LIMIT = 4096
@@ -94,3 +95,31 @@ def test_the_throttle_lets_a_client_try_again_once_its_oldest_failure_is_a_minut
     throttle.failed("a")
     assert throttle.retry_after("a") == 10  # now the failure at t=1010 is the oldest of the last three
     assert AuthThrottle(0).retry_after("a") is None  # 0: no limit
+
+
+async def test_a_tenant_over_its_submission_rate_is_answered_429_and_others_are_not(limited: httpx.AsyncClient, seeded: Database) -> None:
+    async with seeded.transaction() as session:
+        alpha = await session.get(Tenant, "alpha")
+        assert alpha is not None
+        alpha.submissions_per_minute, alpha.submission_burst = 1.0, 3
+    codes = [(await limited.post("/v1/jobs", json=spec_dict(name=f"r{i}"), headers=_auth("alpha-token"))).status_code for i in range(3)]
+    assert codes == [201, 201, 201]
+    over = await limited.post("/v1/jobs", json=spec_dict(name="r3"), headers=_auth("alpha-token"))
+    assert over.status_code == 429 and 1 <= int(over.headers["Retry-After"]) <= 60, over.text
+    assert "submission rate" in over.json()["detail"]
+    assert len((await limited.get("/v1/jobs", headers=_auth("alpha-token"))).json()) == 3
+    beta = spec_dict(name="b0", checkpoint_dir="/ckpt/beta/b0")
+    assert (await limited.post("/v1/jobs", json=beta, headers=_auth("beta-token"))).status_code == 201
+
+
+def test_a_submission_bucket_refills_at_the_tenants_rate_up_to_its_burst() -> None:
+    now = [0.0]
+    buckets = SubmissionBuckets(clock=lambda: now[0])
+    assert [buckets.take("a", 6.0, 2) for _ in range(3)] == [None, None, 10]  # 6 a minute: one every 10 s
+    now[0] = 5.0
+    assert buckets.take("a", 6.0, 2) == 5
+    now[0] = 10.0
+    assert buckets.take("a", 6.0, 2) is None
+    now[0] = 1000.0  # long idle: the bucket holds its burst, no more
+    assert [buckets.take("a", 6.0, 2) for _ in range(3)] == [None, None, 10]
+    assert buckets.take("b", 6.0, 2) is None
