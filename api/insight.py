@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnClause, literal_column, select
 from sqlmodel import col
 
+from fairgang.liveness import node_schedulable
 from fairgang.settings import Settings
 from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
@@ -213,11 +214,10 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
     domains: dict[str, dict[str, dict[str, Any]]] = {}
     levels = [level.strip() for level in settings.topology_levels.split(",") if level.strip() and level.strip() != "node"]
     for node in node_list:
-        stale = node.last_heartbeat is None or now - node.last_heartbeat > settings.node_stale_after_s
         gpus = gpus_by_node.get(node.id, [])
         n_used = sum(1 for g in gpus if (node.id, g.number) in used)
         n_unhealthy = sum(1 for g in gpus if not g.healthy)
-        schedulable = node.state == "READY" and not stale
+        schedulable = node_schedulable(node.state, node.last_heartbeat, now, settings.node_stale_after_s)
         n_free = sum(1 for g in gpus if g.healthy and (node.id, g.number) not in used) if schedulable else 0
         utilisation = [float(g.health["utilization_pct"]) for g in gpus if isinstance(g.health.get("utilization_pct"), int | float)]
         nodes.append(

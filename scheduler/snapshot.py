@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fairgang.liveness import node_schedulable
 from fairgang.spec import JobSpec, stored_spec
 from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView
 from store import snapshot as rows_of
@@ -64,8 +65,6 @@ class SnapshotReader:
         self._ranges: dict[int, frozenset[int]] = {}
         #: Job id -> the pending reason stored with it at the last read (to write only the ones that change).
         self.pending_reasons: dict[str, str | None] = {}
-        #: The code stored beside each queued job's pending reason (None: none stored).
-        self.pending_codes: dict[str, str | None] = {}
 
     async def read(
         self,
@@ -131,7 +130,7 @@ class SnapshotReader:
         self._nodes = {}
         for row in rows.nodes:
             node_id, gpu_type, gpu_count, labels, state, last_heartbeat = row
-            fresh = last_heartbeat is not None and now - last_heartbeat <= stale_after_s
+            schedulable = node_schedulable(state, last_heartbeat, now, stale_after_s)
             # The healthy GPUs with a row, below the node's count, that no allocation holds.
             if node_id in indices:
                 base = frozenset(i for i in indices[node_id] if i < gpu_count)
@@ -140,13 +139,18 @@ class SnapshotReader:
             taken = held.get(node_id)
             broken = out.get(node_id)
             free = base if not taken and not broken else base - (taken or set()) - (broken or set())
-            key = (gpu_type, gpu_count, labels, free, state == "READY" and fresh)
+            key = (gpu_type, gpu_count, labels, free, schedulable)
             previous = old.get(node_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
             else:
                 view = NodeView(
-                    id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=tuple(sorted(labels.items())), free=free, schedulable=key[4]
+                    id=node_id,
+                    gpu_type=gpu_type,
+                    gpu_count=gpu_count,
+                    labels=tuple(sorted(labels.items())),
+                    free=free,
+                    schedulable=schedulable,
                 )
             self._nodes[node_id] = (key, view)
             views.append(view)
@@ -157,9 +161,8 @@ class SnapshotReader:
         old = self._pending
         self._pending = {}
         reasons: dict[str, str | None] = {}
-        codes: dict[str, str | None] = {}
         for row in rows.queued:
-            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code = row
+            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason = row
             key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at)
             previous = old.get(job_id)
             if previous is not None and previous[0] == key:
@@ -182,10 +185,8 @@ class SnapshotReader:
                 )
             self._pending[job_id] = (key, view)
             reasons[job_id] = reason
-            codes[job_id] = code
             views.append(view)
         self.pending_reasons = reasons
-        self.pending_codes = codes
         return tuple(views)
 
     def _running_views(self, rows: rows_of.Rows) -> tuple[RunningJob, ...]:

@@ -15,6 +15,8 @@ from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlmodel import col
 
+from fairgang.fencing import FENCED_EVENT, fenced_event_key, store_fences
+from fairgang.liveness import LOSABLE_STATES, lost_cutoff
 from store.auth import new_node_token, set_node_credential
 from store.common import REVOKED, add_event_once, held, new_event
 from store.db import Database, bump_change_feed
@@ -30,9 +32,7 @@ class NodeRefused(ValueError):
         self.field, self.reason = field, reason
 
 
-async def enrol_node(
-    db: Database, *, node_id: str, gpu_type: str, gpu_count: int, labels: dict[str, str], now: float | None = None
-) -> str:
+async def enrol_node(db: Database, *, node_id: str, gpu_type: str, gpu_count: int, labels: dict[str, str], now: float | None = None) -> str:
     """An admin enrols a node, or enrols it again (its GPU type, count or labels change): its new credential.
 
     The node's earlier credential stops working. Its GPU type or count may change only while nothing is
@@ -126,9 +126,10 @@ async def _live_allocations_on(session: AsyncSession | AsyncConnection, node_id:
 async def report_running(db: Database, *, node_id: str, running: Sequence[str], live: Sequence[str], now: float | None = None) -> list[str]:
     """An agent's report of the allocations it runs: returns those the store no longer holds there.
 
-    The agent kills their members; each is logged once per node as a ``FENCED`` event of its job.
+    The agent kills their members; each is logged once per node as a ``FENCED`` event of its job
+    (the verdict and the event's key: :mod:`fairgang.fencing`).
     """
-    stale = sorted(set(running) - set(live))
+    stale = store_fences(running, live)
     if not stale:
         return []
     now = time.time() if now is None else now
@@ -138,8 +139,10 @@ async def report_running(db: Database, *, node_id: str, running: Sequence[str], 
             if alloc is None:
                 continue
             message = f"node {node_id} still ran allocation {allocation_id} ({alloc.state.lower()}): its agent kills it"
-            key = f"fenced-{allocation_id}-{node_id}"[:160]
-            await add_event_once(session, new_event(alloc.job_id, alloc.attempt, "FENCED", message, key, now, allocation_id=allocation_id))
+            key = fenced_event_key(allocation_id, node_id)
+            await add_event_once(
+                session, new_event(alloc.job_id, alloc.attempt, FENCED_EVENT, message, key, now, allocation_id=allocation_id)
+            )
     return stale
 
 
@@ -264,15 +267,16 @@ async def mark_lost_nodes(db: Database, *, lost_after_s: float, now: float | Non
     """Declare nodes silent for ``lost_after_s`` LOST. Returns {node id: ids of jobs with live allocations there}.
 
     A lost node gets no new work; its heartbeats are refused until its agent registers again,
-    and then it gets back no allocation (see :func:`register_node`).
+    and then it gets back no allocation (see :func:`register_node`). The rule is
+    :func:`fairgang.liveness.node_lost`, asked in SQL.
     """
     now = time.time() if now is None else now
     lost: dict[str, list[str]] = {}
     async with db.transaction() as session:
         query = select(Node).where(
-            col(Node.state).in_(("READY", "CORDONED")),
+            col(Node.state).in_(LOSABLE_STATES),
             col(Node.last_heartbeat).is_not(None),
-            col(Node.last_heartbeat) < now - lost_after_s,
+            col(Node.last_heartbeat) < lost_cutoff(now, lost_after_s),
         )
         for node in (await session.execute(query)).scalars().all():
             node.state = "LOST"

@@ -33,6 +33,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from fairgang.fencing import agent_fences, lease_too_short
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
 from worker_agent.launch import LaunchActivities, stop_member
@@ -71,7 +72,7 @@ class NodeAgent:
             gpu_devices=gpu_devices,
             lease_s=settings.self_fence_after_s,
         )
-        if settings.self_fence_after_s < 3 * settings.node_heartbeat_interval_s:
+        if lease_too_short(settings.self_fence_after_s, settings.node_heartbeat_interval_s):
             log.warning(
                 "FAIRGANG_SELF_FENCE_AFTER_S (%.1fs) is under 3 heartbeat intervals (%.1fs): members may be fenced "
                 "after a single slow heartbeat",
@@ -108,15 +109,15 @@ class NodeAgent:
 
         ``live`` is the store's answer to a request sent at ``asked_at`` (lease_clock()): members whose
         launch began after that cannot be in it yet and are left alone. ``stale`` is the API's own
-        verdict on what the request reported running (the answer's ``fence``).
+        verdict on what the request reported running (the answer's ``fence``). The rule is
+        :func:`fairgang.fencing.agent_fences`.
         """
-        for allocation_id in sorted(set(stale or ()) & set(self.launcher.running)):
+        launched = {a: m.launched_at for a, m in self.launcher.running.items()}
+        named, unheld = agent_fences(launched, live, asked_at, stale or ())
+        for allocation_id in named:
             log.warning("fencing allocation %s: the control plane says the store no longer holds it", allocation_id)
             self.launcher.kill(allocation_id)
-        for allocation_id in sorted(set(self.launcher.running) - set(live)):
-            member = self.launcher.running.get(allocation_id)
-            if member is None or member.launched_at >= asked_at:
-                continue
+        for allocation_id in unheld:
             log.warning("fencing allocation %s: the store no longer holds it", allocation_id)
             self.launcher.kill(allocation_id)
 

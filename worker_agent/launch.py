@@ -41,6 +41,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from fairgang.fencing import ended_fenced, first_lease_until, lease_expired, renewed_lease_until
 from fairgang.settings import log_path
 from worker_agent.shim import lease_clock
 from workflows.messages import MEMBER_FENCED, CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
@@ -186,7 +187,7 @@ class LaunchActivities:
         # it only after this activity's end), read on this node's clock.
         started = activity.info().started_time.timestamp()
         lease_s = math.inf if self.lease_s is None else self.lease_s
-        lease_until = min(launched_at, lease_clock() - max(0.0, time.time() - started)) + lease_s
+        lease_until = first_lease_until(launched_at, lease_clock(), time.time() - started, lease_s)
         path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
@@ -330,7 +331,7 @@ class LaunchActivities:
                     continue  # stopped (it may have exited of the SIGTERM already): "terminated", above
                 code = exited.result()
                 await self._report_checkpoint(inp, ckpt, reported)
-                if inp.allocation_id in self.fenced or (code != 0 and lease_clock() >= member.lease_until):
+                if ended_fenced(inp.allocation_id in self.fenced, code, member.lease_until, lease_clock()):
                     raise ApplicationError(
                         "the agent fenced this member (its allocation is no longer held, or its lease ran out)",
                         type=MEMBER_FENCED,
@@ -396,10 +397,12 @@ class LaunchActivities:
         """A heartbeat sent at ``asked_at`` (lease_clock()) was answered holding ``live``: extend those members' leases."""
         if self.lease_s is None:
             return
-        until = asked_at + self.lease_s
         for allocation_id in live:
             member = self.running.get(allocation_id)
-            if member is None or until <= member.lease_until or allocation_id in self.fenced:
+            if member is None or allocation_id in self.fenced:
+                continue
+            until = renewed_lease_until(member.lease_until, asked_at, self.lease_s)
+            if until is None:
                 continue
             member.lease_until = until
             if member.keepalive_fd >= 0:
@@ -408,7 +411,7 @@ class LaunchActivities:
 
     def expired(self, now: float) -> list[RunningMember]:
         """Members whose lease ran out and that the agent has not fenced yet."""
-        return [m for a, m in sorted(self.running.items()) if m.lease_until <= now and a not in self.fenced]
+        return [m for a, m in sorted(self.running.items()) if lease_expired(m.lease_until, now) and a not in self.fenced]
 
     def kill(self, allocation_id: str) -> None:
         """Fence: SIGKILL the member of an allocation the store no longer holds."""

@@ -25,6 +25,7 @@ from temporalio.types import MethodAsyncSingleParam
 
 with workflow.unsafe.imports_passed_through():
     from activities.store import StoreActivities
+    from fairgang.fencing import surely_dead_after_s
     from fairgang.members import PlacedMember
     from fairgang.spec import JobState
     from worker_agent.launch import LaunchActivities
@@ -68,10 +69,6 @@ async def _store(activity: MethodAsyncSingleParam[StoreActivities, Arg, Result],
 
 
 MASTER_PORT = 29500
-#: Added to the agents' member lease and the grace period before a member whose end is unconfirmed is taken
-#: for dead: the shim's poll interval, the timer's and the node's clocks running apart, the reaping, and a
-#: container CLI's own time to kill and remove a container (a second or two, more on a loaded node).
-FENCE_MARGIN_S = 5.0
 FENCE_PATCH = "fence-unconfirmed-members"
 #: Stopping a gang sends each running member's node a `stop` activity as well as cancelling its launch.
 STOP_PATCH = "stop-members-directly"
@@ -319,13 +316,13 @@ class TrainingJobWorkflow:
         (the send time of the last heartbeat whose answer held the allocation, plus self_fence_after_s)
         runs out and SIGKILLs it one grace period later, whether its agent is dead, frozen or cut off
         (worker_agent/shim.py). So the members are gone once the lease, the grace period and a margin have
-        passed since the revocation; the GPUs stay held meanwhile.
+        passed since the revocation (:func:`fairgang.fencing.surely_dead_after_s`); the GPUs stay held meanwhile.
         """
         ranks = ", ".join(map(str, result.unconfirmed))
         reason = f"member(s) {ranks} ended unconfirmed ({result.reason}): waiting until they are surely dead"
         revoke = RevokeInput(job_id=job.job_id, allocation_id=placement.allocation_id, reason=reason)
         await _store(StoreActivities.revoke_allocation, revoke)
-        await workflow.sleep(job.self_fence_after_s + job.grace_period_s + FENCE_MARGIN_S)
+        await workflow.sleep(surely_dead_after_s(job.self_fence_after_s, job.grace_period_s))
 
     async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
         """Launch one activity per member, watch them, stop all if one fails."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -114,7 +116,7 @@ def test_job_cap_refuses_at_the_cap_and_not_below() -> None:
 
 
 def test_sweep_admission_judges_every_trial_and_reports_each_problem_once() -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "name": "lr",
         "parameters": {"grid": {"lr": [1, 2, 3]}},
         "template": {

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from activities.store import StoreActivities
 from cli.platform import temporal_binary
+from fairgang.fencing import FENCE_MARGIN_S
 from fairgang.members import PlacedMember, members_of
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
@@ -26,7 +27,7 @@ from store import jobs, placement
 from store.db import Database
 from tests.builders import job_spec
 from workflows import starter
-from workflows.job import FENCE_MARGIN_S, TrainingJobWorkflow
+from workflows.job import TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted, Placement
 
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
