@@ -65,6 +65,8 @@ class SnapshotReader:
         self._ranges: dict[int, frozenset[int]] = {}
         #: Job id -> the pending reason stored with it at the last read (to write only the ones that change).
         self.pending_reasons: dict[str, str | None] = {}
+        #: The code stored beside each queued job's pending reason (None: none stored).
+        self.pending_codes: dict[str, str | None] = {}
 
     async def read(
         self,
@@ -161,8 +163,9 @@ class SnapshotReader:
         old = self._pending
         self._pending = {}
         reasons: dict[str, str | None] = {}
+        codes: dict[str, str | None] = {}
         for row in rows.queued:
-            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason = row
+            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code = row
             key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at)
             previous = old.get(job_id)
             if previous is not None and previous[0] == key:
@@ -185,8 +188,10 @@ class SnapshotReader:
                 )
             self._pending[job_id] = (key, view)
             reasons[job_id] = reason
+            codes[job_id] = code
             views.append(view)
         self.pending_reasons = reasons
+        self.pending_codes = codes
         return tuple(views)
 
     def _running_views(self, rows: rows_of.Rows) -> tuple[RunningJob, ...]:
