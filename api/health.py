@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from api.deps import AppState, Caller, State, log
 from api.schemas import FaultInjection
-from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, parse_xids
+from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, cordons, effective_report, moves_at_checkpoint, parse_xids, takes_out
 from fairgang.settings import Settings
 from store import auth, nodes
 from store import health as stored_health
@@ -73,14 +73,11 @@ class _Assessment:
             report = entry.get("health")
             if gpu is None or not isinstance(report, dict):
                 continue
-            if report.get("simulated") and gpu.index not in self.faults:
-                # A simulated GPU fails only while the store holds an injected fault: a report in flight
-                # while an admin returned the GPU still carries the old fault, and must not take it out again.
-                report = {k: v for k, v in report.items() if k not in ("xid_errors", "ecc_uncorrectable_volatile", "throttle_reasons")}
+            report = effective_report(report, fault_injected=gpu.index in self.faults)
             findings, book = assess(report, gpu.health, self.limits)
             if findings:
                 self.findings[gpu.index] = findings
-            writes[gpu.index] = ({**report, **book}, any(f.severity == "fatal" for f in findings))
+            writes[gpu.index] = ({**report, **book}, takes_out(findings))
         return writes
 
 
@@ -110,19 +107,20 @@ async def heartbeat(
         for job_id, attempt in sorted({(j, a) for (i, j, a) in beat.gpu_jobs if i == index}):
             await move_job(state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: GPU {node_id}/{index} {why}")
     for index, findings in sorted(assessment.findings.items()):
-        for f in findings:
-            if f.severity == "degraded" and node_state == "READY":
-                await nodes.set_node_state(state.db, node_id=node_id, state="CORDONED")
-                node_state = "CORDONED"
-                await stored_health.add_health_event(
-                    state.db,
-                    node_id=node_id,
-                    gpu_index=index,
-                    kind=f.kind,
-                    severity="degraded",
-                    message=f"node cordoned: {f.message}",
-                    key=f"{f.kind}-{now}",
-                )
+        if not cordons(findings, node_state):
+            continue
+        await nodes.set_node_state(state.db, node_id=node_id, state="CORDONED")
+        node_state = "CORDONED"
+        f = next(f for f in findings if f.severity == "degraded")  # the finding that cordoned it
+        await stored_health.add_health_event(
+            state.db,
+            node_id=node_id,
+            gpu_index=index,
+            kind=f.kind,
+            severity="degraded",
+            message=f"node cordoned: {f.message}",
+            key=f"{f.kind}-{now}",
+        )
     if node_state == "CORDONED":
         await _move_long_jobs_at_checkpoint(state, node_id=node_id, node_gpus=beat.gpu_count)
     return True, beat.live, assessment.faults
@@ -135,7 +133,11 @@ async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_g
         return
     for job_id, attempt in await nodes.node_jobs(state.db, node_id):
         job = await stored_jobs.get_job(state.db, job_id)
-        if job is None or job.gpu_count <= node_gpus or job.attempt != attempt or (job.latest_checkpoint_at or 0.0) <= since:
+        if job is None or job.attempt != attempt:
+            continue
+        if not moves_at_checkpoint(
+            job_gpus=job.gpu_count, node_gpus=node_gpus, checkpoint_at=job.latest_checkpoint_at, degraded_since=since
+        ):
             continue
         await move_job(
             state, job_id=job_id, attempt=attempt, node_id=node_id, reason=f"health: node {node_id} degraded; moving after checkpoint"

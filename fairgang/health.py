@@ -97,3 +97,31 @@ def assess(report: dict[str, Any], previous: dict[str, Any], thresholds: Thresho
     if "ecc_correctable_volatile" in previous and rise >= thresholds.correctable_ecc_rise:
         findings.append(Finding("degraded", "ecc_correctable", f"correctable ECC errors rose by {rise}"))
     return findings, {"throttled_beats": beats}
+
+
+#: Keys of a simulated GPU's report that describe a fault: kept only while the store holds an injected one.
+SIMULATED_FAULT_KEYS = ("xid_errors", "ecc_uncorrectable_volatile", "throttle_reasons")
+
+
+def effective_report(report: dict[str, Any], *, fault_injected: bool) -> dict[str, Any]:
+    """The report the policy judges. A simulated GPU fails only while the store holds an injected fault: a
+    report in flight while an admin returned the GPU still carries the old fault, and must not take it out again."""
+    if report.get("simulated") and not fault_injected:
+        return {k: v for k, v in report.items() if k not in SIMULATED_FAULT_KEYS}
+    return report
+
+
+def takes_out(findings: list[Finding]) -> bool:
+    """A fatal finding takes the GPU out of service (its jobs move)."""
+    return any(f.severity == "fatal" for f in findings)
+
+
+def cordons(findings: list[Finding], node_state: str) -> bool:
+    """A degraded finding cordons a READY node (no new work; its long jobs move at their next checkpoint)."""
+    return node_state == "READY" and any(f.severity == "degraded" for f in findings)
+
+
+def moves_at_checkpoint(*, job_gpus: int, node_gpus: int, checkpoint_at: float | None, degraded_since: float) -> bool:
+    """On a node cordoned for degradation, a job spanning more than the node moves once it has checkpointed
+    since the cordon (R9.1); a job within the node keeps running to its end."""
+    return job_gpus > node_gpus and (checkpoint_at or 0.0) > degraded_since
