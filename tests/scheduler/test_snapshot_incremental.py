@@ -18,7 +18,7 @@ import math
 import random
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlmodel import col
 
 from fairgang.cluster import ClusterConfig
@@ -30,7 +30,7 @@ from store import common, health, jobs, placement, usage
 from store import nodes as stored_nodes
 from store import tenants as stored_tenants
 from store.db import Database
-from store.models import Allocation, Job
+from store.models import Allocation, Gpu, Job
 from tests.builders import job_spec
 from tests.conftest import small_cluster
 
@@ -149,7 +149,10 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
     now = 1_000_000.0
     for node_id, gpu_type, count in (("h1", "H100-80GB", 8), ("h2", "H100-80GB", 8), ("g1", "L40S", 4)):
         await stored_nodes.register_node(db, node_id=node_id, gpu_type=gpu_type, gpu_count=count, labels={}, boot_id="b", gpus=[], now=now)
-    # A node whose GPU rows are not 0..n-1 (an agent that reported only some of its GPUs).
+    # A node whose GPU rows are not 0..n-1 (a store from before registration checked the inventory).
+    await stored_nodes.enrol_node(db, node_id="x1", gpu_type="L40S", gpu_count=4, labels={}, now=now)
+    async with db.transaction() as session:
+        await session.execute(delete(Gpu).where(col(Gpu.node_id) == "x1", col(Gpu.index).in_([1, 3])))
     await stored_nodes.register_node(
         db, node_id="x1", gpu_type="L40S", gpu_count=4, labels={"leaf": "l2"}, boot_id="b", gpus=[{"index": 0}, {"index": 2}], now=now
     )
