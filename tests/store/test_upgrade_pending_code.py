@@ -39,10 +39,16 @@ async def old_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
 async def test_an_upgrade_keeps_queued_reasons_and_the_next_write_adds_the_code(old_url: str) -> None:
     db = Database(old_url)
     try:
-        await tenants.seed_cluster(db, small_cluster(), now=1000.0)
-        # A queued job as the old schema's code left it: a scheduler's reason, and no code column yet.
+        # A tenant and a queued job as the old schema's code left them (plain SQL: today's models hold columns
+        # added since): a scheduler's reason, and no code column yet.
         spec = job_spec(name="old")
         async with db.transaction() as session:
+            await session.execute(
+                sa.text(
+                    "INSERT INTO tenant (name, weight, quotas, max_gpus_per_job, max_runtime_s, max_concurrent_jobs)"
+                    " VALUES ('alpha', 1.0, '{}', 64, 172800.0, 100)"
+                )
+            )
             await session.execute(
                 sa.text(
                     "INSERT INTO job (id, tenant, name, idempotency_key, spec, gpu_type, gpu_count, priority, state, attempt,"
@@ -58,6 +64,7 @@ async def test_an_upgrade_keeps_queued_reasons_and_the_next_write_adds_the_code(
     await migrate(old_url)
     db = Database(old_url)
     try:
+        await tenants.seed_cluster(db, small_cluster(), now=2000.0)
         job = await stored_jobs.get_job(db, "j-old")
         assert job is not None and (job.pending_reason, job.pending_code) == ("no H100-80GB node has 8 free GPUs", None)
         epoch = await placement.acquire_lease(db, name="placement", holder="me", ttl_s=30)
