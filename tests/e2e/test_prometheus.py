@@ -90,8 +90,8 @@ def prometheus(platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> 
             try:
                 if prom.value('min(up{job=~"fairgang-.*"})') == 1 and prom.value("count(up)") == 2:
                     break
-            except httpx.TransportError:
-                pass
+            except (httpx.TransportError, ValueError, AssertionError):
+                pass  # not listening yet, or answering "Service Unavailable" while it starts
             assert time.monotonic() < deadline, f"no successful scrape: {(work / 'prometheus.log').read_text()[-2000:]}"
             time.sleep(0.5)
         yield prom
