@@ -130,8 +130,9 @@ def backend() -> str:
     return "sqlite"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    """One Temporal dev server for the whole module (each caller's test makes resources of its own)."""
     search = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
     env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), search_attributes=search)
     try:
