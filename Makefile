@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 
 ## ruff, mypy, then the whole suite (SQLite, and PostgreSQL where DATABASE_URL or 127.0.0.1:5432 answers).
 test: lint typecheck
-	$(BIN)/pytest -q --durations=15 -n 3 --dist loadgroup
+	$(BIN)/pytest -q --durations=15 -n 3 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .fairgang .pytest_cache .mypy_cache .ruff_cache

@@ -154,23 +154,3 @@ async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[ht
     app.state.fairgang = AppState(settings=settings, db=seeded)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
         yield client
-
-
-#: Test files whose tests share an expensive module-scoped fixture (a whole platform, a Temporal server)
-#: or run the platform as processes: each runs on one xdist worker (``--dist loadgroup``, the Makefile);
-#: every other test is spread over the workers one by one.
-_ONE_WORKER_PER_FILE = (
-    "tests/e2e/",
-    "tests/benchmarks/",
-    "tests/api/test_authorization.py",
-    "tests/scheduler/test_service.py",
-    "tests/workflows/",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(str(config.rootpath))
-    for item in items:
-        path = Path(str(item.path)).relative_to(root).as_posix()
-        if path.startswith(_ONE_WORKER_PER_FILE):
-            item.add_marker(pytest.mark.xdist_group(name=path))
