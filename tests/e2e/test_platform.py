@@ -204,7 +204,11 @@ def _port_free(port: int) -> bool:
 def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: Any, tmp_path: Path) -> None:
     p: Platform = platform_factory()
     p.start()
-    blocker = p.submit(job_spec("blocker", "import time; time.sleep(4)", gpu_type="L40S", gpu_count=4, checkpoint_dir="/ckpt/alpha/b"))
+    # The blocker holds the L40S node until the test lets it end (not for a fixed time: on a loaded machine
+    # the waiter's pending reason may come later than any fixed time).
+    release = tmp_path / "release"
+    hold = f"import os, time\nt = time.time()\nwhile not os.path.exists({str(release)!r}) and time.time() - t < 300: time.sleep(0.1)"
+    blocker = p.submit(job_spec("blocker", hold, gpu_type="L40S", gpu_count=4, checkpoint_dir="/ckpt/alpha/b"))
     p.wait_for(blocker["id"], {"RUNNING"})
     waiting = p.submit(job_spec("waiter", "print('finally ran')", gpu_type="L40S", gpu_count=4, checkpoint_dir="/ckpt/alpha/w"))
     _wait_pending(p, waiting["id"], "no L40S node")
@@ -212,6 +216,7 @@ def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: 
     p.kill9()
     p.own_process_group = True  # from here on a Ctrl-C reaches `fairgang dev` and all its parts, as in a terminal
     p.start()
+    release.touch()
     done = p.wait_for(waiting["id"], TERMINAL, timeout=120)
     assert done["state"] == "SUCCEEDED", done
     assert p.wait_for(blocker["id"], TERMINAL, timeout=60)["state"] == "SUCCEEDED"
