@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api.deps import AppState, Caller, State, log
+from api.deps import AppState, Caller, State, log, require_admin
 from api.schemas import FaultInjection
 from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, cordons, effective_report, moves_at_checkpoint, parse_xids, takes_out
 from fairgang.settings import Settings
@@ -147,11 +147,6 @@ async def _move_long_jobs_at_checkpoint(state: AppState, *, node_id: str, node_g
 # ---------------------------------------------------------------- admin
 
 
-def _require_admin(who: auth.Principal) -> None:
-    if not who.admin:
-        raise HTTPException(403, "this endpoint is for admins")
-
-
 async def _node(state: AppState, node_id: str) -> Any:
     node = await nodes.get_node(state.db, node_id)
     if node is None:
@@ -165,7 +160,7 @@ def _node_public(node: Any) -> dict[str, Any]:
 
 async def _set_admin_state(state: State, who: auth.Principal, node_id: str, new_state: str, kind: str, message: str) -> Any:
     """An admin's change of a node's state, with its health event."""
-    _require_admin(who)
+    require_admin(who)
     await _node(state, node_id)
     node = await nodes.set_node_state(state.db, node_id=node_id, state=new_state)
     await stored_health.add_health_event(state.db, node_id=node_id, kind=kind, message=message, key=f"{kind}-{time.time()}")
@@ -209,7 +204,7 @@ async def drain(
 @router.post("/nodes/{node_id}/gpus/{index}/return")
 async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dict[str, Any]:
     """Put a GPU back in service (and forget its injected faults)."""
-    _require_admin(who)
+    require_admin(who)
     gpu = await nodes.get_gpu(state.db, node_id=node_id, index=index)
     if gpu is None:
         raise HTTPException(404, f"no GPU {node_id}/{index}")
@@ -229,7 +224,7 @@ async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dic
 @router.post("/nodes/{node_id}/gpus/{index}/faults")
 async def inject_fault(state: State, who: Caller, node_id: str, index: int, fault: FaultInjection) -> dict[str, Any]:
     """Simulated backend only: the node's agent reports this fault from its next heartbeat on, until the GPU is returned."""
-    _require_admin(who)
+    require_admin(who)
     if fault.kind not in FAULT_KINDS:
         raise HTTPException(422, f"kind: one of {', '.join(FAULT_KINDS)}")
     injected = await stored_health.inject_gpu_fault(state.db, node_id=node_id, index=index, fault=fault.model_dump(exclude_none=True))
