@@ -126,7 +126,8 @@ def test_thermal_throttling_cordons_the_node_and_moves_a_gang_at_its_next_checkp
 
 
 def test_drain_without_checkpoint_lets_running_jobs_finish_and_takes_no_new_work(platform: Platform) -> None:
-    job = platform.submit(training_spec("finishes-on-drained", steps=60, every=20, gpu_count=8))
+    # Long enough (about 15 s) to be still running when the drain comes, however loaded the machine.
+    job = platform.submit(training_spec("finishes-on-drained", steps=300, every=100, gpu_count=8))
     running = platform.wait_for(job["id"], {"RUNNING"}, timeout=60)
     [node_id] = {n for n, _ in gpus_of(running)}
     assert job["id"] in cli(platform, "node", "drain", node_id)
