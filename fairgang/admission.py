@@ -39,6 +39,11 @@ class FleetShape:
     levels: frozenset[str]
 
 
+def checkpoint_prefix(tenant: str, configured: str | None) -> str:
+    """Where the tenant's checkpoints must lie: its configured prefix, else ``/checkpoints/<tenant>``."""
+    return (configured or f"/checkpoints/{tenant}").rstrip("/") or "/"
+
+
 def gang_fits_shape(count: int, shapes: dict[int, int]) -> bool:
     """Can ``count`` GPUs ever be placed: on one node, or on whole nodes of one shape?"""
     if any(count <= per_node for per_node in shapes):
@@ -81,8 +86,8 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
                 f"{format_duration(tenant.max_runtime_s)}",
             )
         )
-    prefix = tenant.checkpoint_prefix
-    if prefix and not (spec.checkpoint_dir == prefix.rstrip("/") or spec.checkpoint_dir.startswith(prefix.rstrip("/") + "/")):
+    prefix = checkpoint_prefix(tenant.name, tenant.checkpoint_prefix)
+    if not (spec.checkpoint_dir == prefix.rstrip("/") or spec.checkpoint_dir.startswith(prefix.rstrip("/") + "/")):
         problems.append(SpecProblem(field="checkpoint_dir", reason=f"must lie under the tenant's prefix {prefix}"))
     if spec.topology.level != "any" and spec.topology.level not in fleet.levels:
         levels = ", ".join(sorted(fleet.levels | {"any"}))

@@ -14,6 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fairgang.admission import checkpoint_prefix
+from fairgang.isolation import uid_collisions
 from fairgang.spec import Seconds, SpecError, SpecProblem, problems_from_validation
 
 
@@ -87,6 +89,13 @@ class ClusterConfig(BaseModel):
         tokens = [tok for t in self.tenants for tok in t.tokens] + self.admin_tokens + [self.node_token]
         if len(set(tokens)) != len(tokens):
             raise ValueError("tokens must be unique across tenants, admins and nodes")
+        prefixes = {t.name: checkpoint_prefix(t.name, t.checkpoint_prefix).rstrip("/") + "/" for t in self.tenants}
+        for a, pa in prefixes.items():
+            for b, pb in prefixes.items():
+                if a != b and pb.startswith(pa):
+                    raise ValueError(f"tenant '{b}': its checkpoint prefix {pb} lies within tenant '{a}''s {pa}")
+        for a, b in uid_collisions(names):
+            raise ValueError(f"tenants '{a}' and '{b}' would run their jobs as one uid (fairgang/isolation.py); rename one")
         return self
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fairgang.isolation import DEFAULT_UID_BASE, DEFAULT_UID_SPAN
+
 CONTROL_TASK_QUEUE = "fairgang-control"
 SEARCH_ATTRIBUTES = {"Tenant": "Keyword", "GpuType": "Keyword", "JobState": "Keyword"}
 
@@ -57,6 +59,16 @@ class Settings(BaseSettings):
     checkpoint_root: Path | None = None
     #: Node-local directory where an agent remembers the processes it started.
     agent_state_dir: Path = Path("fairgang-agent-state")
+    #: An agent run as root runs each member as its tenant's own unprivileged uid (fairgang/isolation.py),
+    #: with a private temporary directory; off: members run as the agent's uid (no isolation between jobs).
+    isolate_members: bool = True
+    #: The range of the members' uids: [job_uid_base, job_uid_base + job_uid_span).
+    job_uid_base: int = DEFAULT_UID_BASE
+    job_uid_span: int = DEFAULT_UID_SPAN
+    #: Where an isolated member's private temporary directory is made (None: the system's, /tmp).
+    job_tmp_root: Path | None = None
+    #: The agent reads its node credential from this file (mode 0600), which keeps it out of the environment.
+    node_token_file: Path | None = None
     #: An agent that cannot reach the API this long stops its members (they may be running elsewhere soon).
     self_fence_after_s: float = 20.0
     #: The placement service declares a node LOST when it has been silent this long.

@@ -123,6 +123,7 @@ def small_cluster() -> ClusterConfig:
                     "quotas": {"H100-80GB": {"nominal": 8}},
                     "max_gpus_per_job": 8,
                     "max_runtime": "2h",
+                    "checkpoint_prefix": "/ckpt/beta",
                 },
             ],
             "nodes": [

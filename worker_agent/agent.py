@@ -36,6 +36,7 @@ from temporalio.worker import Worker
 from fairgang.fencing import agent_fences, lease_too_short
 from fairgang.settings import Settings, node_task_queue
 from worker_agent.gpus import GpuBackend
+from worker_agent.isolation import keep_private, run_as_from
 from worker_agent.launch import LaunchActivities, stop_member
 from worker_agent.shim import lease_clock
 
@@ -63,6 +64,9 @@ class NodeAgent:
         self.labels = labels
         self.boot_id = uuid.uuid4().hex
         self.http = httpx.AsyncClient(base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
+        run_as = run_as_from(settings)
+        if run_as is not None:
+            keep_private(settings.agent_state_dir)  # what the agent remembers of its members is not theirs to read
         self.launcher = LaunchActivities(
             node_id=node_id,
             log_dir=log_dir or settings.log_dir,
@@ -71,6 +75,7 @@ class NodeAgent:
             runtime=runtime,
             gpu_devices=gpu_devices,
             lease_s=settings.self_fence_after_s,
+            run_as=run_as,
         )
         if lease_too_short(settings.self_fence_after_s, settings.node_heartbeat_interval_s):
             log.warning(

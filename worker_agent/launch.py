@@ -43,6 +43,7 @@ from temporalio.exceptions import ApplicationError
 
 from fairgang.fencing import ended_fenced, first_lease_until, lease_expired, renewed_lease_until
 from fairgang.settings import log_path
+from worker_agent.isolation import RunAs, drop_private_tmp, hand_over, keep_private, private_tmp
 from worker_agent.shim import lease_clock
 from workflows.messages import MEMBER_FENCED, CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
 
@@ -131,6 +132,9 @@ class RunningMember:
     term_at: float | None = None
     #: Set by a stop request: its launch activity stops it.
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The tenant whose uid it runs as (isolated members only), and that uid (None: the agent's own).
+    tenant: str = ""
+    uid: int | None = None
 
 
 #: RunningMember fields that live only in this process (not written to the state file).
@@ -159,8 +163,11 @@ class LaunchActivities:
         runtime: str = "process",
         gpu_devices: bool = False,
         lease_s: float | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         self.node_id = node_id
+        #: Run each member as its tenant's own uid (worker_agent/isolation.py); None: as this process's uid.
+        self.run_as = run_as
         #: The member lease (the agent's self_fence_after_s); None: members hold no lease (tests).
         self.lease_s = lease_s
         #: "process" runs argv here; "podman" or "docker" runs the spec's image with that CLI.
@@ -192,15 +199,29 @@ class LaunchActivities:
         path.parent.mkdir(parents=True, exist_ok=True)
         ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
         container = f"fg-{inp.allocation_id}-r{inp.rank}" if self.runtime != "process" else ""
-        argv, env = self._command(inp, ckpt, container)
+        uid, tmp = None, None
+        if self.run_as is not None:
+            uid = self.run_as.uid(inp.tenant, inp.job_id)
+            clash = next((m for m in self.running.values() if m.uid == uid and m.tenant != inp.tenant), None)
+            if clash is not None:
+                error = f"tenants {clash.tenant!r} and {inp.tenant!r} map to one uid ({uid}); change FAIRGANG_JOB_UID_BASE"
+                return LaunchResult(exit_code=127, how="start_failed", error=error)
+            try:
+                keep_private(path.parent)
+                hand_over(ckpt, uid, self.run_as)
+                tmp = private_tmp(self.run_as, uid, inp.allocation_id, inp.rank)
+            except OSError as err:
+                return LaunchResult(exit_code=127, how="start_failed", error=f"could not prepare the member's directories: {err}")
+        argv, env = self._command(inp, ckpt, container, uid, tmp)
         # Members run under the shim (worker_agent/shim.py), which SIGKILLs the member (process group, or
         # container by name) one grace period after SIGTERM even when this agent is gone; it tells us through
         # a pipe how the start went.
         status_r, status_w = os.pipe()
         keep_r, keep_w = os.pipe() if self.lease_s is not None else (-1, -1)
         cli = self.runtime if container else ""
-        argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until, cli, container), *argv]
-        with open(path, "ab") as out:
+        shim_uid = uid if not container else None  # a container's uid is the runtime's --user
+        argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until, cli, container, shim_uid), *argv]
+        with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
                 proc = await asyncio.create_subprocess_exec(
@@ -216,6 +237,7 @@ class LaunchActivities:
             except OSError as err:
                 out.write(f"fairgang: could not start {argv[0]!r}: {err}\n".encode())
                 _close(status_r, keep_w)
+                drop_private_tmp(tmp)
                 return LaunchResult(exit_code=127, how="start_failed", error=str(err))
             finally:
                 _close(status_w, keep_r)
@@ -226,6 +248,7 @@ class LaunchActivities:
         )
         member.gpu_indices, member.launched_at = list(inp.gpu_indices), launched_at
         member.lease_until, member.keepalive_fd = lease_until, keep_w
+        member.tenant, member.uid = inp.tenant, uid
         self.running[inp.allocation_id] = member
         if self.stop_requests.pop(inp.allocation_id, None) is not None:
             member.stop.set()  # the stop came while the process was being started
@@ -251,6 +274,7 @@ class LaunchActivities:
             self._drop_state(member)
             # A shim whose keepalive pipe closes stops its member at once: nothing runs without its activity.
             _close(member.keepalive_fd)
+            drop_private_tmp(tmp)
 
     @activity.defn(name="stop")
     async def stop(self, inp: StopInput) -> StopResult:
@@ -278,12 +302,23 @@ class LaunchActivities:
             terminate(member)
         return "signalled"
 
-    def _command(self, inp: LaunchInput, ckpt: Path, container: str) -> tuple[list[str], dict[str, str]]:
-        """What to exec, and with which environment, for this node's runtime."""
+    def _command(
+        self, inp: LaunchInput, ckpt: Path, container: str, uid: int | None = None, tmp: Path | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """What to exec, and with which environment, for this node's runtime.
+
+        A container runs without capabilities or a way to gain privileges, on a read-only root with a private
+        /tmp and its checkpoint directory as the only mount (as the tenant's uid where the node isolates)."""
         if self.runtime == "process":
-            return list(inp.argv), job_environment(inp, str(ckpt))
+            env = job_environment(inp, str(ckpt))
+            if tmp is not None:
+                env.update({"TMPDIR": str(tmp), "HOME": str(tmp)})
+            return list(inp.argv), env
         job_env = job_environment(inp, inp.checkpoint_dir, base={})
         argv = [self.runtime, "run", "--rm", "--init", "--name", container, "--stop-timeout", str(max(1, round(inp.grace_period_s)))]
+        argv += ["--cap-drop=ALL", "--security-opt=no-new-privileges", "--read-only", "--tmpfs=/tmp"]
+        if uid is not None:
+            argv += [f"--user={uid}:{uid}"]
         argv += ["--volume", f"{ckpt}:{inp.checkpoint_dir}"]
         for key, value in sorted(job_env.items()):
             argv += ["--env", f"{key}={value}"]
@@ -429,7 +464,13 @@ SHIM = Path(__file__).resolve().parents[1] / "worker_agent" / "shim.py"
 
 
 def shim_argv(
-    grace_s: float, status_fd: int, keepalive_fd: int = -1, lease_until: float = math.inf, cli: str = "", container: str = ""
+    grace_s: float,
+    status_fd: int,
+    keepalive_fd: int = -1,
+    lease_until: float = math.inf,
+    cli: str = "",
+    container: str = "",
+    uid: int | None = None,
 ) -> list[str]:
     """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it).
 
@@ -440,6 +481,8 @@ def shim_argv(
         opts += ["--keepalive-fd", str(keepalive_fd), "--lease-until", f"{lease_until:.6f}"]
     if container:
         opts += ["--container-cli", cli, "--container", container]
+    if uid is not None:
+        opts += ["--uid", str(uid)]
     return [sys.executable, "-I", str(SHIM), *opts, "--"]
 
 

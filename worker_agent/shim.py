@@ -1,7 +1,10 @@
 """The member supervisor: a small process between the agent and each member's process or container.
 
 ``python -m worker_agent.shim --grace S --parent PID --status-fd FD [--keepalive-fd K --lease-until T]
-[--container-cli CLI --container NAME] -- ARGV...``
+[--container-cli CLI --container NAME] [--uid U] -- ARGV...``
+
+With ``--uid U`` (a shim started by root) the member runs as uid and gid ``U`` with no supplementary
+groups (worker_agent/isolation.py); the shim stays root, so the member cannot signal it.
 
 The agent starts it as the leader of a new process group; the shim starts ARGV in that same
 group, so everything the member starts is in it too. It exists so that a member's stop ends
@@ -127,6 +130,8 @@ def main(args: list[str]) -> int:
     grace, parent, status_fd = float(opts["--grace"]), int(opts["--parent"]), int(opts["--status-fd"])
     keepalive = int(opts.get("--keepalive-fd", "-1"))
     cli, container = opts.get("--container-cli", ""), opts.get("--container", "")
+    uid = int(opts["--uid"]) if "--uid" in opts else None
+    as_uid: dict[str, object] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     term_sent = False
     lease_until = float(opts.get("--lease-until", "inf")) if keepalive >= 0 else math.inf
     group = os.getpgid(0)
@@ -187,7 +192,8 @@ def main(args: list[str]) -> int:
     _prctl_pdeathsig(AGENT_DIED)
     try:
         # The shim has one thread: preexec_fn is safe. A container's `run` client gets a session of its own.
-        proc = subprocess.Popen(argv, preexec_fn=_kill_with_shim, start_new_session=bool(container))
+        # The uid changes before preexec_fn runs, so the parent-death signal it sets is kept.
+        proc = subprocess.Popen(argv, preexec_fn=_kill_with_shim, start_new_session=bool(container), **as_uid)  # type: ignore[call-overload]
     except OSError as err:
         print(f"fairgang: could not start {argv[0]!r}: {err}", flush=True)
         os.write(status_fd, f"error {err}\n".encode())

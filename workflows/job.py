@@ -145,6 +145,7 @@ def launch_input(job: JobInput, placement: Placement, member: PlacedMember, *, a
         master_port=MASTER_PORT,
         resume_from=resume_from,
         image=job.image,
+        tenant=job.tenant,
     )
 
 

@@ -136,6 +136,8 @@ class LaunchInput:
     master_port: int
     resume_from: str = ""
     image: str = "local"
+    #: The job's tenant: an isolating agent runs the member as the tenant's own uid (fairgang/isolation.py).
+    tenant: str = ""
 
 
 @dataclass

@@ -84,7 +84,7 @@ async def test_tenant_cannot_submit_for_another_tenant(api: httpx.AsyncClient, s
 
 
 async def test_tenant_sees_and_acts_on_its_own_jobs_only(api: httpx.AsyncClient) -> None:
-    mine = (await api.post("/v1/jobs", json=spec_dict(name="mine"), headers=BETA)).json()["job"]
+    mine = (await api.post("/v1/jobs", json=spec_dict(name="mine", checkpoint_dir="/ckpt/beta/mine"), headers=BETA)).json()["job"]
     assert (await api.get(f"/v1/jobs/{mine['id']}", headers=ALPHA)).status_code == 404
     assert (await api.get(f"/v1/jobs/{mine['id']}/logs", headers=ALPHA)).status_code == 404
     assert (await api.post(f"/v1/jobs/{mine['id']}/cancel", headers=ALPHA)).status_code == 404

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairgang.admission import FleetShape, TenantPolicy, check_admission, check_sweep_admission, gang_fits_shape, job_cap_problem
+from fairgang.cluster import ClusterConfig
 from fairgang.durations import format_duration, parse_duration
 from fairgang.spec import SpecError, load_spec_text, parse_spec
 from fairgang.sweeps import parse_sweep
@@ -86,10 +87,29 @@ def test_admission_refusal_names_the_field(overrides: dict, field: str, reason: 
 
 
 def test_admission_over_max_gpus_per_job() -> None:
-    tight = TenantPolicy(name="t", allowed_gpu_types=frozenset(), max_gpus_per_job=4, max_runtime_s=3600, checkpoint_prefix=None)
+    tight = TenantPolicy(name="t", allowed_gpu_types=frozenset(), max_gpus_per_job=4, max_runtime_s=3600, checkpoint_prefix="/ckpt")
     problems = check_admission(job_spec(gpu_count=8), tight, FLEET)
     assert [p.field for p in problems] == ["gpu_count"]
     assert "limit of 4 GPUs per job" in problems[0].reason
+
+
+def test_a_tenant_without_a_checkpoint_prefix_keeps_its_checkpoints_under_checkpoints_slash_its_name() -> None:
+    open_ = TenantPolicy(name="t", allowed_gpu_types=frozenset(), max_gpus_per_job=8, max_runtime_s=3600, checkpoint_prefix=None)
+    assert check_admission(job_spec(checkpoint_dir="/checkpoints/t/run-1"), open_, FLEET) == []
+    for elsewhere in ("/ckpt/alpha/train-1", "/checkpoints/tx", "/checkpoints", "/"):
+        problems = check_admission(job_spec(checkpoint_dir=elsewhere), open_, FLEET)
+        assert [(p.field, p.reason) for p in problems] == [("checkpoint_dir", "must lie under the tenant's prefix /checkpoints/t")]
+
+
+def test_a_cluster_whose_checkpoint_prefixes_nest_is_refused() -> None:
+    def cluster(*prefixes: str | None) -> ClusterConfig:
+        tenants = [{"name": f"t{i}", "checkpoint_prefix": p} for i, p in enumerate(prefixes)]
+        return ClusterConfig.model_validate({"tenants": tenants})
+
+    assert len(cluster("/ckpt/a", "/ckpt/b", None).tenants) == 3
+    for nested in (("/ckpt", "/ckpt/b"), ("/ckpt/a", "/ckpt/a/"), ("/", None), ("/checkpoints/t1", None)):
+        with pytest.raises(ValueError, match="checkpoint prefix"):
+            cluster(*nested)
 
 
 def test_admission_accepts_a_fitting_job() -> None:

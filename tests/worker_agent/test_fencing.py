@@ -60,7 +60,7 @@ async def test_an_agent_cut_off_from_the_api_fences_its_member_and_the_launch_sa
     lease, grace = 1.5, 1.0
     settings = Settings(
         api_url="http://api", agent_state_dir=tmp_path / "state", log_dir=tmp_path / "logs", node_heartbeat_interval_s=0.2,
-        self_fence_after_s=lease,
+        self_fence_after_s=lease, isolate_members=False,  # pytest's tmp folders are closed to a member's own uid
     )  # fmt: skip
     a = NodeAgent(settings=settings, node_id="h1", gpu_type="H100", gpus=SimulatedGpus("h1", "H100", 8), labels={}, token="t")
     connected = True

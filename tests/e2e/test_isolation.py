@@ -1,0 +1,83 @@
+"""Tenants cannot reach each other or the platform through a job (SPEC R8.4), on the real platform (`fairgang dev`,
+SQLite): a hostile tenant's job tries what a job could do on a node before isolation — read the agent's and the
+API's environment, the node credential, the store and Temporal's history, another tenant's log and checkpoint,
+kill the agent — and every attempt fails, while the job still writes its own checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import TERMINAL, Platform, job_spec
+from tests.worker_agent.test_isolation import ATTACKER, ATTACKS, reachable_python
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(__import__("os").geteuid() != 0, reason="isolation needs an agent run as root")]
+
+
+@pytest.fixture(scope="module")
+def platform() -> Iterator[Platform]:
+    # Its data dir where another uid may pass (pytest's own tmp folders are closed to other users).
+    data_dir = Path(tempfile.mkdtemp(prefix="fairgang-e2e-isolation-"))
+    p = Platform(data_dir, None)
+    p.extra_env["FAIRGANG_ISOLATE_MEMBERS"] = "true"
+    p.start()
+    yield p
+    p.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def log_text(platform: Platform, job_id: str) -> str:
+    with platform.client("admin-token") as http:
+        return http.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 1, "rank": 0}).text
+
+
+def test_a_hostile_job_reaches_neither_the_platform_nor_another_tenant(platform: Platform) -> None:
+    python = reachable_python()
+    secret = "print('beta-secret'); import os; open(os.environ['CHECKPOINT_DIR'] + '/weights', 'w').write('beta weights')"
+    beta = platform.submit(
+        {**job_spec("beta-secret", secret, checkpoint_dir="/ckpt/beta/secret"), "entrypoint": [python, "-I", "-c", secret]},
+        token="beta-token",
+    )
+    done = platform.wait_for(beta["id"], TERMINAL, timeout=90)
+    assert done["state"] == "SUCCEEDED", done
+    pids = json.loads((platform.data_dir / "pids.json").read_text())
+    targets: dict[str, Any] = {
+        "agent_pid": pids["agent-h1"],
+        "token_file": str(platform.data_dir / "credentials" / "h1.token"),
+        "state_dir": str(platform.data_dir / "agent-state"),
+        "other_log": str(platform.data_dir / "logs" / beta["id"] / "attempt-1-rank-0.log"),
+        "other_checkpoint": str(platform.data_dir / "checkpoints" / "ckpt" / "beta" / "secret" / "weights"),
+        "store": str(platform.data_dir / "fairgang.db"),
+        "more": [
+            f"/proc/{pids['api']}/environ",
+            f"/proc/{pids['scheduler']}/environ",
+            str(platform.data_dir / "temporal.db"),
+            str(platform.data_dir / "process-logs" / "api.log"),
+        ],
+    }
+    assert all(Path(t).exists() for t in [*targets["more"], *(v for k, v in targets.items() if k not in ("agent_pid", "more"))])
+    attacker = job_spec("attacker", "", checkpoint_dir="/ckpt/alpha/attacker")
+    attacker["entrypoint"] = [python, "-I", "-c", ATTACKER, json.dumps(targets)]
+    job = platform.submit(attacker)
+    done = platform.wait_for(job["id"], TERMINAL, timeout=90)
+    assert done["state"] == "SUCCEEDED", done
+    [line] = [x for x in log_text(platform, job["id"]).splitlines() if x.startswith("VERDICT ")]
+    got = json.loads(line.removeprefix("VERDICT "))
+    assert got["uid"] != 0 and got["groups"] == [], got
+    attacks = [*ATTACKS, *(f"read {path}" for path in targets["more"])]
+    assert not [name for name in attacks if got[name] == "succeeded"], got
+    assert got["write its own checkpoint"] == "succeeded", got
+
+
+def test_a_job_pointed_at_another_tenants_checkpoints_is_refused(platform: Platform) -> None:
+    """Each tenant keeps its checkpoints under its own prefix (/checkpoints/<tenant> where none is configured)."""
+    with platform.client("beta-token") as http:
+        resp = http.post("/v1/jobs", json=job_spec("thief", "pass", checkpoint_dir="/ckpt/alpha/attacker"))
+    assert resp.status_code == 422, resp.text
+    assert "checkpoint_dir" in resp.text and "/ckpt/beta" in resp.text
