@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants
+from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens
 from api.deps import AppState, State, log
 from api.limits import BodySizeLimit, problem
 from api.views import ViewUnavailable
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(fleet.router)
     app.include_router(sweeps.router)
     app.include_router(tenants.router)
+    app.include_router(tokens.router)
     app.include_router(metrics.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from fairgang.spec import Seconds
 from store.models import Allocation, Job, JobEvent
 
 
@@ -211,3 +212,40 @@ class FaultInjection(BaseModel):
     kind: str
     xid: int | None = None
     count: int = 1
+
+
+TokenRole = Literal["admin", "tenant_admin", "tenant"]
+
+
+class TokenRequest(BaseModel):
+    """A new token: its role, its tenant (a tenant admin's own by default; none for a platform admin's), a name
+    and, optionally, how long it lives (``30d``, ``12h``; none: until revoked)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@-]*$")
+    role: TokenRole = "tenant"
+    tenant: str | None = Field(default=None, min_length=1, max_length=64)
+    expires_in: Seconds | None = Field(
+        default=None, gt=0, le=10 * 365 * 86400, description="How long the token works (e.g. 30d); none: until revoked."
+    )
+
+
+class TokenPublic(BaseModel):
+    """A token as its owners see it: never its secret."""
+
+    id: int
+    name: str | None
+    role: str
+    tenant: str | None
+    created_at: float
+    created_by: str | None
+    expires_at: float | None
+    revoked_at: float | None
+
+
+class TokenCreated(BaseModel):
+    """The new token and its secret: shown once, never again."""
+
+    token: str
+    info: TokenPublic

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import typer
 
-from cli import dev, fleet, jobs, serve
+from cli import dev, fleet, jobs, serve, tokens
 from cli.kit import err_console
 from cli.sweeps import schedule_app, sweep_app
 from simulator.cli import sim
@@ -21,6 +21,7 @@ sim_app.command(name="sim")(sim)
 app.add_typer(sim_app)
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(tokens.app, name="token")
 
 
 def main() -> None:

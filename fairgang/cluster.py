@@ -37,7 +37,8 @@ class TenantConfig(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     weight: float = Field(default=1.0, gt=0)
     cohort: str | None = None
-    tokens: list[str] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list, description="Its members' tokens.")
+    admin_tokens: list[str] = Field(default_factory=list, description="Its admins' tokens: a member's rights and its tokens.")
     quotas: dict[str, QuotaConfig] = Field(default_factory=dict, description="Per GPU type; its keys are the allowed types.")
     max_gpus_per_job: int = Field(default=64, ge=1)
     max_runtime: Seconds = 48 * 3600.0
@@ -86,7 +87,7 @@ class ClusterConfig(BaseModel):
             for level in node.labels:
                 if level not in self.topology_levels:
                     raise ValueError(f"node {node.id}: label '{level}' is not a topology level {self.topology_levels}")
-        tokens = [tok for t in self.tenants for tok in t.tokens] + self.admin_tokens + [self.node_token]
+        tokens = [tok for t in self.tenants for tok in [*t.tokens, *t.admin_tokens]] + self.admin_tokens + [self.node_token]
         if len(set(tokens)) != len(tokens):
             raise ValueError("tokens must be unique across tenants, admins and nodes")
         prefixes = {t.name: checkpoint_prefix(t.name, t.checkpoint_prefix).rstrip("/") + "/" for t in self.tenants}

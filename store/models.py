@@ -33,12 +33,17 @@ class ApiToken(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     token_hash: str = Field(unique=True, max_length=64)
-    #: "tenant", "admin" or "node".
+    #: "admin" (the platform's), "tenant_admin" (its tenant's tokens too), "tenant" (a member) or "node".
     role: str = Field(max_length=16)
     tenant: str | None = Field(default=None, foreign_key="tenant.name", max_length=64)
     #: A node token's node: the only node it may register or heartbeat as.
     node_id: str | None = Field(default=None, max_length=64)
     created_at: float = 0.0
+    #: Tokens made through the API: a name, who made it, when it stops working; revoked ones stay, refused.
+    name: str | None = Field(default=None, max_length=64)
+    created_by: str | None = Field(default=None, max_length=128)
+    expires_at: float | None = None
+    revoked_at: float | None = None
 
 
 class Node(SQLModel, table=True):

@@ -49,6 +49,7 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
         await session.flush()
         wanted: list[tuple[str, str, str | None]] = [(tok, "admin", None) for tok in config.admin_tokens]
         wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
+        wanted += [(tok, "tenant_admin", t.name) for t in config.tenants for tok in t.admin_tokens]
         for token, role, tenant in wanted:
             digest = hash_token(token)
             existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == digest))).scalar_one_or_none()

@@ -111,6 +111,7 @@ def small_cluster() -> ClusterConfig:
                     "name": "alpha",
                     "cohort": "research",
                     "tokens": ["alpha-token"],
+                    "admin_tokens": ["alpha-admin-token"],
                     "quotas": {"H100-80GB": {"nominal": 8}, "L40S": {"nominal": 4}},
                     "max_gpus_per_job": 16,
                     "max_runtime": "24h",

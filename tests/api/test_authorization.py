@@ -1,5 +1,5 @@
-"""Every route of the app, tried as every kind of caller: anonymous, the owning tenant, another tenant, an
-admin, the node a request speaks for, and another node. Each route has a rule here; a route without one
+"""Every route of the app, tried as every kind of caller: anonymous, the owning tenant (a member, and its tenant
+admin), another tenant, a platform admin, the node a request speaks for, and another node. Each route has a rule here; a route without one
 (a new route) fails the test, and so does any caller let through, or refused, against its route's rule.
 
 Refused means 401 or 403, or 404 for another tenant's resource (as if it did not exist); let through means
@@ -26,18 +26,21 @@ from store.db import Database
 from tests.builders import spec_dict
 
 ANON, OWNER, OTHER, ADMIN, NODE, OTHER_NODE = "anonymous", "owner", "other tenant", "admin", "its node", "other node"
-CALLERS = (ANON, OWNER, OTHER, ADMIN, NODE, OTHER_NODE)
+OWNER_ADMIN = "owner's tenant admin"
+CALLERS = (ANON, OWNER, OWNER_ADMIN, OTHER, ADMIN, NODE, OTHER_NODE)
 TOKENS = {
     OWNER: "alpha-token",
+    OWNER_ADMIN: "alpha-admin-token",
     OTHER: "beta-token",
     ADMIN: "admin-token",
     NODE: node_credential("node-token", "h1"),
     OTHER_NODE: node_credential("node-token", "h2"),
 }
 EVERYONE = frozenset(CALLERS)
-USERS = frozenset({OWNER, OTHER, ADMIN})
+USERS = frozenset({OWNER, OWNER_ADMIN, OTHER, ADMIN})
 AUTHENTICATED = EVERYONE - {ANON}
-OWNER_AND_ADMIN = frozenset({OWNER, ADMIN})
+OWNER_AND_ADMIN = frozenset({OWNER, OWNER_ADMIN, ADMIN})
+TOKEN_ADMINS = frozenset({OWNER_ADMIN, ADMIN})
 
 #: (method, path template) -> who may call it. Path parameters name the owner's job, sweep, schedule, tenant
 #: and node h1 (the node NODE speaks for).
@@ -73,6 +76,9 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/schedules/{schedule_id}/trigger"): OWNER_AND_ADMIN,
     ("POST", "/v1/schedules/{schedule_id}/backfill"): OWNER_AND_ADMIN,
     ("DELETE", "/v1/schedules/{schedule_id}"): OWNER_AND_ADMIN,
+    ("POST", "/v1/tokens"): TOKEN_ADMINS,
+    ("GET", "/v1/tokens"): TOKEN_ADMINS,
+    ("DELETE", "/v1/tokens/{token_id}"): TOKEN_ADMINS,
     ("POST", "/v1/nodes"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/register"): frozenset({NODE}),
     ("POST", "/v1/nodes/{node_id}/heartbeat"): frozenset({NODE}),
@@ -83,7 +89,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/nodes/{node_id}/gpus/{index}/faults"): frozenset({ADMIN}),
 }
 #: Routes of another tenant's resource: a refusal may be 404.
-OWNED = ("{job_id}", "{sweep_id}", "{schedule_id}")
+OWNED = ("{job_id}", "{sweep_id}", "{schedule_id}", "{token_id}")
 
 
 def app_routes(app: Any) -> set[tuple[str, str]]:
@@ -116,6 +122,7 @@ def _body(method: str, path: str, names: dict[str, str]) -> dict[str, Any] | Non
         "/v1/sweeps": _sweep(f"s-{uuid.uuid4().hex[:6]}"),
         "/v1/schedules": {"name": f"sc-{uuid.uuid4().hex[:6]}", "schedule": {"interval": "1h"}, "paused": True, "sweep": _sweep("nightly")},
         "/v1/nodes": {"node_id": f"n-{uuid.uuid4().hex[:6]}", "gpu_type": "L40S", "gpu_count": 2},
+        "/v1/tokens": {"name": "made", "tenant": "alpha"},
         "/v1/nodes/register": {"node_id": "h1", "gpu_type": "H100-80GB", "gpu_count": 8, "boot_id": "b1"},
         "/v1/nodes/{node_id}/heartbeat": {"boot_id": "b1"},
         "/v1/nodes/{node_id}/gpus/{index}/faults": {"kind": "thermal"},
@@ -158,12 +165,14 @@ async def _owned(api: httpx.AsyncClient) -> dict[str, str]:
     job = await api.post("/v1/jobs", json=spec_dict(name=f"owned-{uuid.uuid4().hex[:6]}"), headers=alpha)
     sweep = await api.post("/v1/sweeps", json=_sweep(f"owned-{uuid.uuid4().hex[:6]}"), headers=alpha)
     schedule = await api.post("/v1/schedules", json=_body("POST", "/v1/schedules", {}), headers=alpha)
-    for resp in (job, sweep, schedule):
+    token = await api.post("/v1/tokens", json={"name": "owned", "tenant": "alpha"}, headers={"Authorization": f"Bearer {TOKENS[ADMIN]}"})
+    for resp in (job, sweep, schedule, token):
         assert resp.status_code == 201, resp.text
     return {
         "{job_id}": job.json()["job"]["id"],
         "{sweep_id}": sweep.json()["sweep"]["id"],
         "{schedule_id}": schedule.json()["id"],
+        "{token_id}": str(token.json()["info"]["id"]),
         "{name}": "alpha",
         "{node_id}": "h1",
         "{index}": "0",

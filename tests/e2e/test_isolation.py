@@ -1,12 +1,15 @@
 """Tenants cannot reach each other or the platform through a job (SPEC R8.4), on the real platform (`fairgang dev`,
 SQLite): a hostile tenant's job tries what a job could do on a node before isolation — read the agent's and the
 API's environment, the node credential, the store and Temporal's history, another tenant's log and checkpoint,
-kill the agent — and every attempt fails, while the job still writes its own checkpoint."""
+kill the agent — and every attempt fails, while the job still writes its own checkpoint. And tokens through the
+CLI: a tenant admin makes, lists and revokes its tenant's."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import TERMINAL, Platform, job_spec
+from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
+from tests.e2e.test_health import cli
 from tests.worker_agent.test_isolation import ATTACKER, ATTACKS, reachable_python
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(__import__("os").geteuid() != 0, reason="isolation needs an agent run as root")]
@@ -81,3 +85,26 @@ def test_a_job_pointed_at_another_tenants_checkpoints_is_refused(platform: Platf
         resp = http.post("/v1/jobs", json=job_spec("thief", "pass", checkpoint_dir="/ckpt/alpha/attacker"))
     assert resp.status_code == 422, resp.text
     assert "checkpoint_dir" in resp.text and "/ckpt/beta" in resp.text
+
+
+def test_tokens_through_the_cli_a_tenant_admin_makes_one_a_member_uses_it_and_its_revocation_locks_it_out(platform: Platform) -> None:
+    made = cli(platform, "token", "create", "ci-runner", "--expires", "30d", token="alpha-admin-token")
+    token_id, secret = made.split()[1], made.strip().splitlines()[-1]
+    assert "tenant, alpha" in made and secret.startswith("fgt-")
+    assert "Queue" in cli(platform, "queue", token=secret)  # it works at once, as a member of alpha
+    listed = cli(platform, "token", "ls", "-o", "json", token="alpha-admin-token")
+    [row] = [t for t in json.loads(listed) if str(t["id"]) == token_id]
+    assert row["name"] == "ci-runner" and row["expires_at"] is not None and row["revoked_at"] is None
+    assert "ci-runner" in cli(platform, "token", "ls", token="admin-token")
+    assert f"token {token_id} revoked" in cli(platform, "token", "revoke", token_id, token="alpha-admin-token")
+    refused = subprocess.run(
+        [sys.executable, "-m", "cli", "queue"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": secret, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr
+    # A member may not make one.
+    member = subprocess.run(
+        [sys.executable, "-m", "cli", "token", "create", "x"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert member.returncode != 0 and "403" in member.stdout + member.stderr
