@@ -35,7 +35,9 @@ async def enrol(state: State, who: Caller, body: NodeEnrolment) -> NodeCredentia
     """
     require_admin(who)
     try:
-        token = await nodes.enrol_node(state.db, node_id=body.node_id, gpu_type=body.gpu_type, gpu_count=body.gpu_count, labels=body.labels)
+        token = await nodes.enrol_node(
+            state.db, node_id=body.node_id, gpu_type=body.gpu_type, gpu_count=body.gpu_count, labels=body.labels, actor=who.name
+        )
     except nodes.NodeRefused as err:
         raise HTTPException(409, {"error": "node not enrolled", "problems": [{"field": err.field, "reason": err.reason}]}) from None
     return NodeCredential(node_id=body.node_id, token=token)

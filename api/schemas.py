@@ -249,3 +249,49 @@ class TokenCreated(BaseModel):
 
     token: str
     info: TokenPublic
+
+
+class QuotaChange(BaseModel):
+    """A tenant's share of one GPU type (as in the cluster config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nominal: int = Field(default=0, ge=0)
+    borrow_limit: int | None = Field(default=None, ge=0)
+    lend_limit: int | None = Field(default=None, ge=0)
+
+
+class TenantChange(BaseModel):
+    """An admin's change of a tenant's policy: only the fields given change. ``quotas`` names the GPU types whose
+    share changes (null: the type is taken away); ``cohort`` or ``checkpoint_prefix`` null clears it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float | None = Field(default=None, gt=0)
+    cohort: str | None = Field(default=None, min_length=1, max_length=64)
+    quotas: dict[Annotated[str, Field(min_length=1, max_length=64)], QuotaChange | None] | None = Field(default=None, max_length=64)
+    max_gpus_per_job: int | None = Field(default=None, ge=1)
+    max_runtime: Seconds | None = Field(default=None, gt=0)
+    max_concurrent_jobs: int | None = Field(default=None, ge=1)
+    checkpoint_prefix: str | None = Field(default=None, min_length=1, max_length=1024)
+    submissions_per_minute: float | None = Field(default=None, gt=0)
+    submission_burst: int | None = Field(default=None, ge=1)
+
+
+class TenantChanged(BaseModel):
+    """The tenant's policy after the change (the next scheduling cycle uses it), and what the change left overcommitted."""
+
+    tenant: str
+    before: dict[str, Any]
+    after: dict[str, Any]
+    warnings: list[str]
+
+
+class AuditEventPublic(BaseModel):
+    id: int
+    at: float
+    actor: str
+    action: str
+    target: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None

@@ -69,7 +69,7 @@ async def list_tokens(
 async def revoke_token(state: State, who: Caller, token_id: int) -> TokenPublic:
     """Revoke a token: it is refused from now on (the record stays). Another tenant's answers 404."""
     _require_token_admin(who)
-    info = await auth.revoke_token(state.db, token_id, tenant=who.tenant, everyone=who.admin)
+    info = await auth.revoke_token(state.db, token_id, tenant=who.tenant, everyone=who.admin, actor=who.name)
     if info is None:
         raise HTTPException(404, f"no token {token_id}")
     return _public(info)

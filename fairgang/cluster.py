@@ -90,14 +90,48 @@ class ClusterConfig(BaseModel):
         tokens = [tok for t in self.tenants for tok in [*t.tokens, *t.admin_tokens]] + self.admin_tokens + [self.node_token]
         if len(set(tokens)) != len(tokens):
             raise ValueError("tokens must be unique across tenants, admins and nodes")
-        prefixes = {t.name: checkpoint_prefix(t.name, t.checkpoint_prefix).rstrip("/") + "/" for t in self.tenants}
-        for a, pa in prefixes.items():
-            for b, pb in prefixes.items():
-                if a != b and pb.startswith(pa):
-                    raise ValueError(f"tenant '{b}': its checkpoint prefix {pb} lies within tenant '{a}''s {pa}")
+        for problem in nested_prefixes(self.tenants):
+            raise ValueError(problem)
         for a, b in uid_collisions(names):
             raise ValueError(f"tenants '{a}' and '{b}' would run their jobs as one uid (fairgang/isolation.py); rename one")
         return self
+
+
+def nested_prefixes(tenants: list[TenantConfig]) -> list[str]:
+    """Tenants whose checkpoint prefix lies within another's (each tenant's checkpoints must be its own)."""
+    prefixes = {t.name: checkpoint_prefix(t.name, t.checkpoint_prefix).rstrip("/") + "/" for t in tenants}
+    return [
+        f"tenant '{b}': its checkpoint prefix {pb} lies within tenant '{a}''s {pa}"
+        for a, pa in prefixes.items()
+        for b, pb in prefixes.items()
+        if a != b and pb.startswith(pa)
+    ]
+
+
+def tenant_change_problems(changed: TenantConfig, others: list[TenantConfig], gpu_types: set[str]) -> list[SpecProblem]:
+    """What is wrong with a tenant's new policy beside the other tenants and the fleet's GPU types (a live change)."""
+    problems = [
+        SpecProblem(
+            field=f"quotas.{gpu_type}", reason=f"unknown GPU type '{gpu_type}' (the fleet has {', '.join(sorted(gpu_types)) or 'none'})"
+        )
+        for gpu_type in sorted(set(changed.quotas) - gpu_types)
+    ]
+    problems += [SpecProblem(field="checkpoint_prefix", reason=p) for p in nested_prefixes([changed, *others]) if changed.name in p]
+    return problems
+
+
+def overcommitted(tenants: list[TenantConfig], capacity: dict[str, int]) -> list[str]:
+    """Cohorts (a tenant without one stands alone) whose guaranteed GPUs of a type exceed the fleet's."""
+    guaranteed: dict[tuple[str, str], int] = {}
+    for t in tenants:
+        for gpu_type, quota in t.quotas.items():
+            key = (t.cohort or f"(tenant {t.name})", gpu_type)
+            guaranteed[key] = guaranteed.get(key, 0) + quota.nominal
+    return [
+        f"cohort {cohort}: {total} {gpu_type} GPUs guaranteed, the fleet has {capacity.get(gpu_type, 0)}"
+        for (cohort, gpu_type), total in sorted(guaranteed.items())
+        if total > capacity.get(gpu_type, 0)
+    ]
 
 
 def load_cluster_config(path: str | Path) -> ClusterConfig:

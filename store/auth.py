@@ -15,6 +15,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from store import audit
 from store.db import Database
 from store.models import ApiToken
 
@@ -107,6 +108,9 @@ async def create_token(
         session.add(row)
         await session.flush()
         info = _info(row)
+        audit.record(
+            session, actor=created_by, action="token.create", target=f"token:{info.id}", before=None, after=_audited(info), now=now
+        )
     return secret, info
 
 
@@ -119,8 +123,12 @@ async def list_tokens(db: Database, *, tenant: str | None = None, everyone: bool
         return [_info(row) for row in (await session.execute(query)).scalars()]
 
 
+def _audited(info: TokenInfo) -> dict[str, object]:
+    return {"name": info.name, "role": info.role, "tenant": info.tenant, "expires_at": info.expires_at, "revoked_at": info.revoked_at}
+
+
 async def revoke_token(
-    db: Database, token_id: int, *, tenant: str | None = None, everyone: bool = False, now: float | None = None
+    db: Database, token_id: int, *, tenant: str | None = None, everyone: bool = False, actor: str = "admin", now: float | None = None
 ) -> TokenInfo | None:
     """Revoke a person's token of the tenant (or, ``everyone``, any); None if there is none such. A repeat keeps the first time."""
     now = time.time() if now is None else now
@@ -129,7 +137,11 @@ async def revoke_token(
         if row is None or row.role not in USER_ROLES or (not everyone and row.tenant != tenant):
             return None
         if row.revoked_at is None:
+            before = _audited(_info(row))
             row.revoked_at = now
+            audit.record(
+                session, actor=actor, action="token.revoke", target=f"token:{token_id}", before=before, after=_audited(_info(row)), now=now
+            )
         await session.flush()
         return _info(row)
 

@@ -281,3 +281,21 @@ class UsageAccount(SQLModel, table=True):
     closed: float = 0.0
     live_start: float = 0.0
     live_gpus: int = 0
+
+
+class AuditEvent(SQLModel, table=True):
+    """Append-only record of an administrative change: who, when, what, and the thing before and after."""
+
+    __tablename__ = "audit_event"
+    __table_args__ = (Index("ix_audit_event_target", "target"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: float
+    #: Who made it (store.auth.Principal.name, or "seed" for the cluster config).
+    actor: str = Field(max_length=128)
+    #: What was done: tenant.create, tenant.update, node.enrol, token.create, token.revoke.
+    action: str = Field(max_length=64)
+    #: What it was done to: "tenant:alpha", "node:h1", "token:12".
+    target: str = Field(max_length=128)
+    before: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    after: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

@@ -17,6 +17,7 @@ from sqlmodel import col
 
 from fairgang.fencing import FENCED_EVENT, fenced_event_key, store_fences
 from fairgang.liveness import LOSABLE_STATES, lost_cutoff
+from store import audit
 from store.auth import new_node_token, set_node_credential
 from store.common import REVOKED, add_event_once, held, new_event
 from store.db import Database, bump_change_feed
@@ -32,7 +33,9 @@ class NodeRefused(ValueError):
         self.field, self.reason = field, reason
 
 
-async def enrol_node(db: Database, *, node_id: str, gpu_type: str, gpu_count: int, labels: dict[str, str], now: float | None = None) -> str:
+async def enrol_node(
+    db: Database, *, node_id: str, gpu_type: str, gpu_count: int, labels: dict[str, str], actor: str = "admin", now: float | None = None
+) -> str:
     """An admin enrols a node, or enrols it again (its GPU type, count or labels change): its new credential.
 
     The node's earlier credential stops working. Its GPU type or count may change only while nothing is
@@ -42,6 +45,9 @@ async def enrol_node(db: Database, *, node_id: str, gpu_type: str, gpu_count: in
     token = new_node_token()
     async with db.transaction() as session:
         node = await session.get(Node, node_id)
+        before = None if node is None else {"gpu_type": node.gpu_type, "gpu_count": node.gpu_count, "labels": dict(node.labels)}
+        after = {"gpu_type": gpu_type, "gpu_count": gpu_count, "labels": dict(labels)}
+        audit.record(session, actor=actor, action="node.enrol", target=f"node:{node_id}", before=before, after=after, now=now)
         if node is None:
             node = Node(id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=labels)
             session.add(node)

@@ -1,4 +1,5 @@
-"""The cluster config's tenants, tokens and nodes, loaded into the store, and what admission reads of them.
+"""The cluster config's tenants, tokens and nodes, loaded into the store, what admission reads of them, and a
+tenant's policy changed live by an admin (audited: store/audit.py).
 
 Admission (:func:`fairgang.admission.check_admission`) takes a tenant's policy (:func:`tenant_policy`) and the
 fleet's shape (:func:`fleet_shape`); the jobs API and the sweep activities both read them here.
@@ -15,10 +16,55 @@ from sqlalchemy import String, cast, delete, func, select
 from sqlmodel import col
 
 from fairgang.admission import FleetShape, TenantPolicy
-from fairgang.cluster import ClusterConfig, node_credential
+from fairgang.cluster import ClusterConfig, TenantConfig, node_credential
+from store import audit
 from store.auth import hash_token, set_node_credential
 from store.db import Database, bump_change_feed
 from store.models import ApiToken, Gpu, Node, Tenant
+
+#: A tenant's policy columns: what an admin may change live (PATCH /v1/tenants/{name}) and the audit log records.
+POLICY = (
+    "weight", "cohort", "quotas", "max_gpus_per_job", "max_runtime_s", "max_concurrent_jobs", "checkpoint_prefix",
+    "submissions_per_minute", "submission_burst",
+)  # fmt: skip
+
+
+def policy_of(row: Tenant) -> dict[str, Any]:
+    """The tenant's policy as plain data (the audit log's before and after)."""
+    return {key: getattr(row, key) for key in POLICY}
+
+
+def tenant_config(row: Tenant) -> TenantConfig:
+    """The stored tenant as the cluster config's model (which validates every field of a change)."""
+    policy = policy_of(row)
+    policy["max_runtime"] = policy.pop("max_runtime_s")
+    return TenantConfig.model_validate({"name": row.name, **policy})
+
+
+async def update_tenant(
+    db: Database, name: str, values: dict[str, Any], *, actor: str, now: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Apply policy ``values`` (columns of :data:`POLICY`, already validated) to the tenant, with its audit event,
+    and wake the placement service (the next cycle reads it). None: no such tenant."""
+    assert set(values) <= set(POLICY), set(values) - set(POLICY)
+    async with db.transaction() as session:
+        row = (await session.execute(select(Tenant).where(col(Tenant.name) == name).with_for_update())).scalar_one_or_none()
+        if row is None:
+            return None
+        before = policy_of(row)
+        for key, value in values.items():
+            setattr(row, key, value)
+        after = policy_of(row)
+        if after != before:
+            audit.record(session, actor=actor, action="tenant.update", target=f"tenant:{name}", before=before, after=after, now=now)
+            await bump_change_feed(session)
+        return before, after
+
+
+async def gpu_capacity(db: Database) -> dict[str, int]:
+    """GPUs per type in the fleet."""
+    shape = await fleet_shape(db)
+    return {gpu_type: sum(per_node * nodes for per_node, nodes in shapes.items()) for gpu_type, shapes in shape.shapes.items()}
 
 
 async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None = None) -> None:
@@ -42,10 +88,25 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
                 submission_burst=t.submission_burst,
             )
             if row is None:
-                session.add(Tenant(name=t.name, **values))
+                row = Tenant(name=t.name, **values)
+                session.add(row)
+                audit.record(
+                    session, actor="seed", action="tenant.create", target=f"tenant:{t.name}", before=None, after=policy_of(row), now=now
+                )
             else:
+                before = policy_of(row)
                 for key, value in values.items():
                     setattr(row, key, value)
+                if policy_of(row) != before:
+                    audit.record(
+                        session,
+                        actor="seed",
+                        action="tenant.update",
+                        target=f"tenant:{t.name}",
+                        before=before,
+                        after=policy_of(row),
+                        now=now,
+                    )
         await session.flush()
         wanted: list[tuple[str, str, str | None]] = [(tok, "admin", None) for tok in config.admin_tokens]
         wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]

@@ -64,6 +64,8 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/events/recent"): USERS,
     ("GET", "/v1/tenants"): USERS,
     ("GET", "/v1/tenants/{name}"): OWNER_AND_ADMIN,
+    ("PATCH", "/v1/tenants/{name}"): frozenset({ADMIN}),
+    ("GET", "/v1/audit"): frozenset({ADMIN}),
     ("POST", "/v1/sweeps"): USERS,
     ("GET", "/v1/sweeps"): USERS,
     ("GET", "/v1/sweeps/{sweep_id}"): OWNER_AND_ADMIN,
@@ -115,6 +117,8 @@ def _sweep(name: str) -> dict[str, Any]:
 
 def _body(method: str, path: str, names: dict[str, str]) -> dict[str, Any] | None:
     """A plausible body for the route (what a legitimate caller would send)."""
+    if method == "PATCH":
+        return {"weight": 1}
     if method != "POST":
         return None
     bodies: dict[str, dict[str, Any]] = {

@@ -108,3 +108,17 @@ def test_tokens_through_the_cli_a_tenant_admin_makes_one_a_member_uses_it_and_it
         env={"FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert member.returncode != 0 and "403" in member.stdout + member.stderr
+
+
+def test_an_admin_changes_a_tenant_through_the_cli_and_reads_it_in_the_audit_log(platform: Platform) -> None:
+    out = cli(platform, "tenant", "set", "beta", "--weight", "2", "--quota", "H100-80GB=6:2", "--max-jobs", "50")
+    assert "beta: weight 1.0 -> 2.0" in out and "beta: max_concurrent_jobs 100 -> 50" in out, out
+    log = json.loads(cli(platform, "audit", "--target", "tenant:beta", "-o", "json"))
+    update = next(e for e in log if e["action"] == "tenant.update")
+    assert update["actor"].startswith("admin:platform#") and update["after"]["quotas"]["H100-80GB"]["nominal"] == 6
+    assert "tenant.update" in cli(platform, "audit", "--limit", "5")
+    bad = subprocess.run(
+        [sys.executable, "-m", "cli", "tenant", "set", "beta", "--quota", "TPU=4"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "admin-token", "COLUMNS": "250", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert bad.returncode != 0 and "quotas.TPU" in bad.stdout + bad.stderr and "unknown GPU type" in bad.stdout + bad.stderr
