@@ -260,7 +260,7 @@ class Client:
             "gpu_count": count,
             "max_runtime": "47h",
             "grace_period": "5s",
-            "checkpoint_dir": f"/ckpt/{tenant}/{name}",
+            "checkpoint_dir": f"/checkpoints/{tenant}/{name}",
             "env": {"SIM_RUNTIME_S": f"{runtime:.3f}"},
         }
         return tenant, body

@@ -236,7 +236,7 @@ class Maker:
             "gpu_count": count,
             "env": env,
             "priority_class": priority_class,
-            "checkpoint_dir": f"/ckpt/{tenant}/{name}",
+            "checkpoint_dir": f"/checkpoints/{tenant}/{name}",
             "tenant": tenant,
         }
         row: dict[str, Any] = {

@@ -38,6 +38,6 @@ async def test_a_tenants_admission_policy_is_its_stored_limits(seeded: Database)
         checkpoint_prefix="/ckpt/alpha",
     )
     assert tenants.tenant_policy(beta) == TenantPolicy(
-        name="beta", allowed_gpu_types=frozenset({"H100-80GB"}), max_gpus_per_job=8, max_runtime_s=2 * 3600, checkpoint_prefix=None
+        name="beta", allowed_gpu_types=frozenset({"H100-80GB"}), max_gpus_per_job=8, max_runtime_s=2 * 3600, checkpoint_prefix="/ckpt/beta"
     )
     assert await tenants.get_tenant(seeded, "gamma") is None
