@@ -13,10 +13,13 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens
 from api.deps import AppState, State, log
-from api.limits import BodySizeLimit, problem
+from api.limits import PROBLEM_JSON, BodySizeLimit, problem
+from api.schemas import ERRORS
 from api.views import ViewUnavailable
 from fairgang import __version__
 from fairgang.settings import Settings
@@ -39,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(app.state.fairgang.views.close)
             await db.dispose()
 
-    app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan, responses=ERRORS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(fleet.router)
@@ -50,10 +53,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(dashboard.router)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _refused(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # One error shape (RFC 9457 problem details); a refusal that names fields carries them as ``problems``.
+        if isinstance(err.detail, dict):
+            body = problem(err.status_code, str(err.detail.get("error", "refused")), problems=err.detail.get("problems", []))
+        else:
+            body = problem(err.status_code, str(err.detail))
+        headers = dict(err.headers or {})
+        if err.status_code == 405:  # every method the path serves, not only those of the first route that matched it
+            methods = {
+                m
+                for r in app.router.routes
+                if isinstance(r, Route) and r.matches(request.scope)[0] == Match.PARTIAL
+                for m in r.methods or ()
+            }
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse(body, status_code=err.status_code, headers=headers, media_type=PROBLEM_JSON)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
         problems = [{"field": ".".join(str(p) for p in e["loc"] if p != "body") or "(body)", "reason": e["msg"]} for e in err.errors()]
-        return JSONResponse({"detail": {"error": "invalid request", "problems": problems}}, status_code=422)
+        return JSONResponse(problem(422, "invalid request", problems=problems), status_code=422, media_type=PROBLEM_JSON)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeout)
@@ -62,11 +83,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise err
         log.warning("store busy on %s %s: %s", request.method, request.url.path, err)
         body = problem(503, "the store is busy (its write lock or its connections): try again shortly")
-        return JSONResponse(body, status_code=503, headers={"Retry-After": str(STORE_BUSY_RETRY_S)}, media_type="application/problem+json")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(STORE_BUSY_RETRY_S)}, media_type=PROBLEM_JSON)
 
     @app.exception_handler(ViewUnavailable)
     async def _not_yet(_request: Request, err: ViewUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "5"})
+        return JSONResponse(problem(503, str(err)), status_code=503, headers={"Retry-After": "5"}, media_type=PROBLEM_JSON)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(state: State) -> dict[str, Any]:

@@ -36,6 +36,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 AUTH_WINDOW_S = 60.0
 
 
+PROBLEM_JSON = "application/problem+json"
+
+
 def problem(status: int, detail: str, **extra: Any) -> dict[str, Any]:
     """An RFC 9457 problem details body."""
     return {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status, "detail": detail, **extra}
@@ -43,7 +46,7 @@ def problem(status: int, detail: str, **extra: Any) -> dict[str, Any]:
 
 async def send_problem(send: Send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
     body = json.dumps(problem(status, detail)).encode()
-    raw = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    raw = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})

@@ -295,3 +295,43 @@ class AuditEventPublic(BaseModel):
     target: str
     before: dict[str, Any] | None
     after: dict[str, Any] | None
+
+
+class ProblemField(BaseModel):
+    """One thing wrong with a request: the field (dotted path) and why."""
+
+    field: str
+    reason: str
+
+
+class Problem(BaseModel):
+    """Every error the API answers (RFC 9457 problem details, ``application/problem+json``); a refusal that names
+    fields lists them in ``problems``."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    problems: list[ProblemField] | None = None
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "model": Problem,
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+#: The errors any route may answer, declared on every route of the OpenAPI spec.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The body is not the JSON it claims to be."),
+    401: _error("No token, or one unknown, revoked or expired."),
+    403: _error("The caller's role may not do this."),
+    404: _error("No such thing, or another tenant's."),
+    409: _error("The thing's state does not allow this now."),
+    413: _error("The request body is over the API's limit."),
+    422: _error("The request is invalid; ``problems`` names each field."),
+    429: _error("Too many requests (a tenant's submission rate, or refused tokens); see Retry-After."),
+    503: _error("The store is busy or Temporal unreachable; see Retry-After."),
+}

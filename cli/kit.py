@@ -38,13 +38,15 @@ def fail(message: str, code: int = 1) -> Any:
 def check(resp: httpx.Response) -> Any:
     if resp.status_code >= 400:
         try:
-            detail = resp.json().get("detail", resp.text)
+            body = resp.json()
         except ValueError:
-            detail = resp.text
-        if isinstance(detail, dict) and "problems" in detail:
-            lines = "\n".join(f"  {p['field']}: {p['reason']}" for p in detail["problems"])
-            fail(f"{detail.get('error', 'refused')} ({resp.status_code}):\n{lines}")
-        fail(f"{resp.status_code}: {detail}")
+            body = {"detail": resp.text}
+        if not isinstance(body, dict):
+            body = {"detail": body}
+        if body.get("problems"):  # an RFC 9457 problem that names fields
+            lines = "\n".join(f"  {p['field']}: {p['reason']}" for p in body["problems"])
+            fail(f"{body.get('detail', 'refused')} ({resp.status_code}):\n{lines}")
+        fail(f"{resp.status_code}: {body.get('detail', resp.text)}")
     return resp.json() if resp.headers.get("content-type", "").startswith("application/json") else resp.text
 
 

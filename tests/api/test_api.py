@@ -71,7 +71,7 @@ async def test_invalid_spec_is_refused_with_its_field_and_nothing_is_stored(
 ) -> None:
     resp = await api.post("/v1/jobs", json=spec_dict(**overrides), headers=ADMIN if "tenant" in overrides else ALPHA)
     assert resp.status_code in (403, 422), resp.text
-    problems = resp.json()["detail"]["problems"]
+    problems = resp.json()["problems"]
     assert field in [p["field"] for p in problems], problems
     assert await jobs.list_jobs(seeded) == []
 
@@ -79,7 +79,7 @@ async def test_invalid_spec_is_refused_with_its_field_and_nothing_is_stored(
 async def test_tenant_cannot_submit_for_another_tenant(api: httpx.AsyncClient, seeded: Database) -> None:
     resp = await api.post("/v1/jobs", json=spec_dict(tenant="beta"), headers=ALPHA)
     assert resp.status_code == 403
-    assert resp.json()["detail"]["problems"][0]["field"] == "tenant"
+    assert resp.json()["problems"][0]["field"] == "tenant"
     assert await jobs.list_jobs(seeded) == []
 
 
@@ -175,7 +175,7 @@ async def test_tenant_policy_refusals_at_submit_name_the_field_and_store_nothing
     """Admission against the tenant's own policy, through the API: each refusal names its field and reason."""
     resp = await api.post("/v1/jobs", json=spec_dict(checkpoint_dir="/ckpt/beta/x", **overrides), headers=BETA)
     assert resp.status_code == 422, resp.text
-    problems = resp.json()["detail"]["problems"]
+    problems = resp.json()["problems"]
     assert [p["field"] for p in problems] == [field], problems
     assert reason in problems[0]["reason"], problems
     assert await jobs.list_jobs(seeded) == []
@@ -202,3 +202,32 @@ async def test_after_a_failed_connect_to_temporal_requests_do_not_each_try_again
     monkeypatch.setattr(deps, "TEMPORAL_RETRY_S", 0.0)
     state._retry_at = 0.0
     assert await state.temporal() is None and tries == 2
+
+
+async def test_every_error_is_one_problem_shape_and_every_route_declares_the_errors(api: httpx.AsyncClient) -> None:
+    """RFC 9457 problem details for every error, whichever part answers it, and in the OpenAPI spec of every route."""
+    from api.schemas import Problem
+
+    answers = [
+        await api.get("/v1/jobs"),  # no token
+        await api.get("/v1/jobs", headers=auth("forged")),  # unknown token
+        await api.post("/v1/nodes/h1/cordon", headers=ALPHA),  # a tenant on an admin's route
+        await api.get("/v1/jobs/j-nope", headers=ALPHA),  # no such job
+        await api.post("/v1/jobs", json=spec_dict(gpu_type="TPU"), headers=ALPHA),  # refused by admission
+        await api.post("/v1/jobs", json={"name": 3}, headers=ALPHA),  # not a spec at all
+        await api.get("/v1/audit", params={"limit": 0}, headers=ADMIN),  # a bad query
+    ]
+    assert [r.status_code for r in answers] == [401, 401, 403, 404, 422, 422, 422]
+    for resp in answers:
+        assert resp.headers["content-type"] == "application/problem+json", resp.text
+        body = Problem.model_validate(resp.json())
+        assert body.status == resp.status_code and body.title and body.detail
+    assert {p.field for p in Problem.model_validate(answers[4].json()).problems or []} == {"gpu_type"}
+    assert "name" in {p.field for p in Problem.model_validate(answers[5].json()).problems or []}
+    spec = (await api.get("/openapi.json")).json()
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            declared = operation["responses"]
+            for code in ("401", "403", "404", "422", "429", "503"):
+                schema = declared.get(code, {}).get("content", {}).get("application/problem+json", {}).get("schema")
+                assert schema == {"$ref": "#/components/schemas/Problem"}, (method, path, code, declared.get(code))

@@ -30,8 +30,7 @@ def registration(node_id: str = "h1", **extra: Any) -> dict[str, Any]:
 
 
 def fields(resp: httpx.Response) -> dict[str, str]:
-    detail = resp.json()["detail"]
-    return {p["field"]: p["reason"] for p in detail["problems"]}
+    return {p["field"]: p["reason"] for p in resp.json()["problems"]}
 
 
 async def test_a_node_credential_speaks_for_its_own_node_only(api: httpx.AsyncClient) -> None:

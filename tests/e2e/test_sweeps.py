@@ -164,7 +164,7 @@ def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform
         with platform.client(token) as http:
             resp = http.post("/v1/sweeps", json=body)
         assert resp.status_code == 422, resp.text
-        assert field in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
+        assert field in [p["field"] for p in resp.json()["problems"]], resp.text
     # The spec's tenant: a tenant names only itself, an admin must name a known one (as for jobs).
     tenant_cases = [
         ({**good, "tenant": "beta"}, "alpha-token", 403),
@@ -175,11 +175,11 @@ def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform
         with platform.client(token) as http:
             resp = http.post("/v1/sweeps", json=body)
         assert resp.status_code == status, resp.text
-        assert [p["field"] for p in resp.json()["detail"]["problems"]] == ["tenant"], resp.text
+        assert [p["field"] for p in resp.json()["problems"]] == ["tenant"], resp.text
     schedule = {"name": "bad", "schedule": {"interval": "1h"}, "sweep": {**good, "tenant": "beta"}}
     with platform.client("admin-token") as http:
         resp = http.post("/v1/schedules", json={**schedule, "tenant": "alpha"})
-        assert resp.status_code == 422 and [p["field"] for p in resp.json()["detail"]["problems"]] == ["sweep.tenant"], resp.text
+        assert resp.status_code == 422 and [p["field"] for p in resp.json()["problems"]] == ["sweep.tenant"], resp.text
         assert http.get("/v1/sweeps", params={"tenant": "beta"}).status_code == 200
     with platform.client("alpha-token") as http:
         assert http.post("/v1/schedules", json={**schedule, "tenant": "beta"}).status_code == 403
@@ -190,7 +190,7 @@ def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform
         assert [s for s in http.get("/v1/sweeps").json() if s["name"] == "bad"] == []
         assert [s for s in http.get("/v1/schedules").json() if s["name"] == "bad"] == []
         resp = http.post("/v1/schedules", json={"name": "bad", "schedule": {"interval": "1s", "cron": "* * * * *"}, "sweep": good})
-        assert resp.status_code == 422 and "schedule" in [p["field"] for p in resp.json()["detail"]["problems"]], resp.text
+        assert resp.status_code == 422 and "schedule" in [p["field"] for p in resp.json()["problems"]], resp.text
 
 
 SLEEPER = (
