@@ -200,6 +200,13 @@ def job_spec(name: str, code: str, **extra: Any) -> dict[str, Any]:
     return spec
 
 
+def only(backend: str) -> pytest.MarkDecorator:
+    """Run a test's platform on one store only. Each store's own code is tested on both backends below the
+    platform (tests/store, tests/api); the whole platform runs every crash-safety test on both, and each other
+    scenario on one, the two stores taking turns, so that the suite stays within its time."""
+    return pytest.mark.parametrize("platform_factory", [backend], indirect=True)
+
+
 def _database_for(backend: str) -> str | None:
     if backend == "sqlite":
         return None

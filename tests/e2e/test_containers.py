@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import small_cluster
-from tests.e2e.conftest import TERMINAL, Platform
+from tests.e2e.conftest import TERMINAL, Platform, only
 
-pytestmark = pytest.mark.e2e
+# The container runtime does not touch the store: SQLite only.
+pytestmark = [pytest.mark.e2e, only("sqlite")]
 IMAGE = "localhost/fairgang-test-busybox"
 
 

@@ -38,7 +38,7 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", ["sqlite"])  # `make demo` runs on the embedded store
 def test_make_demo_runs_the_example_jobs_and_sweep_to_the_end_and_ctrl_c_stops_it(backend: str, tmp_path: Path) -> None:
     cluster = load_cluster_config(CLUSTER)
     admin = (cluster.admin_tokens or [""])[0]

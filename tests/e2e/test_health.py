@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import REPO, TERMINAL, Platform
+from tests.e2e.conftest import REPO, TERMINAL, Platform, only
 from tests.e2e.test_lifecycle import training_spec, wait_for_checkpoint
 
-pytestmark = pytest.mark.e2e
+# The health policy and its store changes are tested on both backends in tests/api and tests/store.
+pytestmark = [pytest.mark.e2e, only("postgres")]
 
 
 def cli(platform: Platform, *args: str, token: str = "admin-token") -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cli.platform import temporal_binary
-from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
+from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
 from worker_agent.launch import pid_alive
 
 pytestmark = pytest.mark.e2e
@@ -139,6 +139,7 @@ def wait_for_node(platform: Platform, node_id: str, state: str, schedulable: boo
         time.sleep(0.3)
 
 
+@only("sqlite")
 def test_preempt_checkpoints_and_the_next_attempt_resumes_from_it(platform: Platform) -> None:
     job = platform.submit(training_spec("preempt-me", steps=150))
     wait_for_checkpoint(platform, job["id"])
@@ -160,6 +161,7 @@ def test_preempt_checkpoints_and_the_next_attempt_resumes_from_it(platform: Plat
     assert done["latest_checkpoint"].endswith(".npz")
 
 
+@only("postgres")
 def test_preempt_from_the_temporal_cli_and_refusal_when_not_running(platform: Platform) -> None:
     job = platform.submit(training_spec("preempt-cli", steps=150))
     signalled = platform.submit(training_spec("preempt-signal", steps=150))
@@ -185,6 +187,7 @@ def test_preempt_from_the_temporal_cli_and_refusal_when_not_running(platform: Pl
     assert refused.status_code == 409 and "SUCCEEDED" in refused.text
 
 
+@only("sqlite")
 def test_preempt_by_the_cli_stops_the_whole_group_and_kills_only_after_the_grace(platform: Platform, tmp_path: Path) -> None:
     """A member that ignores SIGTERM, with a grace period longer than the heartbeat timeout (5 s), and a child.
 
@@ -244,6 +247,7 @@ def test_preempt_by_the_cli_stops_the_whole_group_and_kills_only_after_the_grace
     assert done["state"] == "CANCELLED" and done["end_reason"] == "cancelled by tenant alpha", done
 
 
+@only("postgres")
 def test_gang_member_failure_stops_the_other_member(platform: Platform, tmp_path: Path) -> None:
     pid_file = tmp_path / "rank0.pid"
     code = (
@@ -264,6 +268,7 @@ def test_gang_member_failure_stops_the_other_member(platform: Platform, tmp_path
     assert "rank 0 stopped by SIGTERM" in log_of(platform, job["id"], 1, rank=0)
 
 
+@only("sqlite")
 def test_own_failures_retry_as_the_spec_says_then_succeed(platform: Platform) -> None:
     # A 16-GPU gang: rank 1 fails on the first attempt, so the whole gang goes again.
     code = (
@@ -288,6 +293,7 @@ def test_own_failures_retry_as_the_spec_says_then_succeed(platform: Platform) ->
     assert [e["kind"] for e in failed["events"]].count("REQUEUED") == 1
 
 
+@only("postgres")
 def test_max_runtime_stops_the_job_gracefully_and_ends_timed_out(platform: Platform) -> None:
     code = (
         "import signal, sys, time\n"
@@ -307,6 +313,7 @@ def _kill_part(platform: Platform, name: str) -> int:
     return int(pids[name])
 
 
+@only("postgres")
 def test_node_loss_requeues_and_resumes_on_another_node(platform: Platform, tmp_path: Path) -> None:
     # The member ignores SIGTERM: only the SIGKILL after its grace period ends it, with its agent gone.
     ticks = tmp_path / "ticks"
@@ -342,6 +349,7 @@ def test_node_loss_requeues_and_resumes_on_another_node(platform: Platform, tmp_
     assert node["state"] == "READY", "a restarted agent brings its node back"
 
 
+@only("sqlite")
 def test_losing_one_node_of_a_gang_requeues_the_whole_gang(platform: Platform, tmp_path: Path) -> None:
     """kill -9 of one gang member's agent, held down: the whole gang stops and is queued again.
 

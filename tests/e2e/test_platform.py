@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
+from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
 
 pytestmark = pytest.mark.e2e
 
 
+@only("sqlite")
 def test_job_runs_a_real_process_and_succeeds_with_its_log(platform: Platform) -> None:
     code = (
         "import os, sys\n"
@@ -44,6 +45,7 @@ def test_job_runs_a_real_process_and_succeeds_with_its_log(platform: Platform) -
     assert [(a["attempt"], a["state"], a["id"]) for a in done["allocations"]] == [(1, "RELEASED", done["allocation"]["id"])]
 
 
+@only("postgres")
 def test_failing_entrypoint_ends_failed_with_its_exit_code(platform: Platform) -> None:
     job = platform.submit(job_spec("fails", "import sys; print('bad things'); sys.exit(7)"))
     done = platform.wait_for(job["id"], TERMINAL)
@@ -51,6 +53,7 @@ def test_failing_entrypoint_ends_failed_with_its_exit_code(platform: Platform) -
     assert "exited with code 7" in done["end_reason"]
 
 
+@only("sqlite")
 def test_entrypoint_that_cannot_start_ends_failed(platform: Platform) -> None:
     spec = job_spec("no-such-program", "")
     spec["entrypoint"] = ["/nonexistent/train"]
@@ -59,6 +62,7 @@ def test_entrypoint_that_cannot_start_ends_failed(platform: Platform) -> None:
     assert "could not start" in done["end_reason"]
 
 
+@only("postgres")
 def test_cancel_stops_the_running_process_and_ends_cancelled(platform: Platform, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     code = (
@@ -84,6 +88,7 @@ def test_cancel_stops_the_running_process_and_ends_cancelled(platform: Platform,
         assert "got SIGTERM" in http.get(f"/v1/jobs/{job['id']}/logs").text
 
 
+@only("postgres")
 def test_repeated_submit_yields_one_job_and_one_workflow(platform: Platform) -> None:
     spec = job_spec("twice", "print('once')", idempotency_key="submit-twice-key")
     first, second = platform.submit(spec), platform.submit(spec)
@@ -104,6 +109,7 @@ def test_repeated_submit_yields_one_job_and_one_workflow(platform: Platform) -> 
         time.sleep(0.2)
 
 
+@only("sqlite")
 def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform) -> None:
     code = "import os; print('rank', os.environ['RANK'], 'world', os.environ['WORLD_SIZE'], 'local', os.environ['LOCAL_WORLD_SIZE'])"
     job = platform.submit(job_spec("gang", code, gpu_count=16, topology={"level": "leaf"}))
@@ -117,6 +123,7 @@ def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform
             assert f"rank {rank} world 16 local 8" in log
 
 
+@only("sqlite")
 def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None:
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(json.dumps(job_spec("from-cli", "import sys; print('cli ok'); print('cli err', file=sys.stderr)")))
@@ -154,6 +161,7 @@ def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:
         time.sleep(0.2)
 
 
+@only("postgres")
 def test_cli_cancels_a_queued_job_which_is_then_never_bound(platform: Platform) -> None:
     """`fairgang cancel ID` of a job whose workflow waits for placement: it ends at once, and the GPUs it waited for go elsewhere."""
     blocker = platform.submit(job_spec("l40s-holder", "import time; time.sleep(600)", gpu_type="L40S", gpu_count=4))

@@ -18,7 +18,7 @@ from sqlmodel import col
 
 from store.db import Database
 from store.models import AllocationGpu, SchedulerLease
-from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
+from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
 from tests.e2e.test_lifecycle import training_spec, wait_for_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -83,6 +83,7 @@ def test_two_schedulers_only_the_leader_commits_and_the_other_takes_over(platfor
         log.close()
 
 
+@only("postgres")
 def test_borrowed_gpus_are_reclaimed_by_preemption(platform: Platform) -> None:
     borrower = platform.submit(training_spec("borrows-16", steps=400, every=10, gpu_count=16))
     wait_for_checkpoint(platform, borrower["id"])

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Platform, job_spec
+from tests.e2e.conftest import Platform, job_spec, only
 from worker_agent.launch import pid_alive
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, only("postgres")]
 
 BOUND_S = 30.0
 GRACE_S = 2.0

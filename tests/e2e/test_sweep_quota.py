@@ -22,10 +22,10 @@ from store import tenants
 from store.db import Database
 from tests.builders import max_overlap
 from tests.conftest import small_cluster
-from tests.e2e.conftest import TERMINAL, Platform
+from tests.e2e.conftest import TERMINAL, Platform, only
 from tests.e2e.test_sweeps import SWEEP_DONE, count_workflows, submit_sweep, sweep_spec, wait_sweep
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, only("sqlite")]
 
 
 def alpha_cluster(**alpha: Any) -> ClusterConfig:

@@ -21,7 +21,7 @@ import pytest
 from temporalio.client import Client
 
 from tests.builders import max_overlap
-from tests.e2e.conftest import REPO, Platform
+from tests.e2e.conftest import REPO, Platform, only
 from tests.e2e.test_lifecycle import log_of, resumed_step, wait_for_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -104,6 +104,7 @@ GRID_CODE = (
 )
 
 
+@only("postgres")
 def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: Platform) -> None:
     grid: dict[str, list[Any]] = {"lr": [0.1, 0.01, 0.001], "features": [2, 20]}
     spec = sweep_spec("grid", GRID_CODE, parameters={"grid": grid}, metric={"name": "loss"})
@@ -151,6 +152,7 @@ def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: 
         assert [s["id"] for s in http.get("/v1/sweeps").json() if s["name"] == "grid"] == [sweep["id"]]
 
 
+@only("sqlite")
 def test_invalid_sweep_specs_are_refused_with_the_field_named(platform: Platform) -> None:
     good = sweep_spec("bad", "print(1)", parameters={"grid": {"x": [1]}})
     cases = [
@@ -201,6 +203,7 @@ SLEEPER = (
 )
 
 
+@only("postgres")
 def test_cancel_stops_the_running_trials_and_starts_no_more(platform: Platform) -> None:
     sweep = submit_sweep(platform, sweep_spec("cancelme", SLEEPER, parameters={"grid": {"i": list(range(6))}}))
     wait_sweep(platform, sweep["id"], lambda s: s["counts"].get("RUNNING", 0) == 2, timeout=60)
@@ -239,6 +242,7 @@ def test_worker_killed_mid_sweep_resumes_without_duplicate_trials(platform: Plat
     assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
 
 
+@only("sqlite")
 def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform: Platform) -> None:
     sweep = sweep_spec("ticker", "import sys; print('tick', sys.argv[1])", parameters={"list": [{"n": 1}]})
     body = {"name": "ticker", "schedule": {"interval": "3s"}, "overlap": "buffer_one", "sweep": sweep}
@@ -291,6 +295,7 @@ def test_interval_schedule_fires_sweeps_and_pause_trigger_resume_delete(platform
         assert http.get(f"/v1/schedules/{sid}").status_code == 404
 
 
+@only("sqlite")
 def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Platform, tmp_path: Path) -> None:
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": "alpha-token"}
 
@@ -361,6 +366,7 @@ def test_cli_submits_a_sweep_and_backfills_a_paused_cron_schedule(platform: Plat
     assert sid not in [s["id"] for s in json.loads(cli("schedule", "ls", "-o", "json").stdout)]
 
 
+@only("postgres")
 def test_overlap_skip_skips_runs_and_cancel_previous_cancels_the_running_sweep(platform: Platform) -> None:
     """Two schedules whose sweep's one trial runs until cancelled, driven by triggers (which follow the
     schedule's overlap policy): with `skip`, a run due while one is running is skipped (not buffered);
@@ -427,6 +433,7 @@ def test_overlap_skip_skips_runs_and_cancel_previous_cancels_the_running_sweep(p
     assert wait_sweep(platform, new, lambda s: s["state"] in SWEEP_DONE, timeout=60)["state"] == "CANCELLED"
 
 
+@only("sqlite")
 def test_a_preempted_trial_resumes_from_its_own_checkpoint_and_counts_once(platform: Platform) -> None:
     """Each trial is an ordinary job: preempted, it comes back as attempt 2 from its own trial-NNNN checkpoint,
     and the sweep still has one trial for it, one TrainingJob workflow, and a right summary."""
@@ -465,6 +472,7 @@ def test_a_preempted_trial_resumes_from_its_own_checkpoint_and_counts_once(platf
     assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 2
 
 
+@only("postgres")
 def test_a_failing_trial_is_counted_and_fails_sweep_submit_wait(platform: Platform, tmp_path: Path) -> None:
     """A trial whose job exits non-zero is FAILED, with its exit code; the sweep's summary counts it, the others
     still run, and `fairgang sweep submit FILE --wait` exits non-zero."""

@@ -111,7 +111,8 @@ async def test_an_upgrade_keeps_every_job_and_builds_the_usage_ledger_from_the_h
         # The shared node token of old no longer authenticates; seeding gives each node its own credential.
         assert await auth.authenticate(db, small_cluster().node_token) is None
         await tenants.seed_cluster(db, small_cluster(), now=4000.0)
-        assert await auth.authenticate(db, node_credential(small_cluster().node_token, "h1")) == auth.Principal(role="node", node_id="h1")
+        principal = await auth.authenticate(db, node_credential(small_cluster().node_token, "h1"))
+        assert principal is not None and (principal.role, principal.node_id) == ("node", "h1")
         jobs = await stored_jobs.list_jobs(db, limit=100)
         assert sorted(j.id for j in jobs) == sorted(f"j-old-{i}" for i in range(12))
         assert {j.state for j in jobs} == {"SUCCEEDED", "RUNNING"}
