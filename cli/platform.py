@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,9 +28,9 @@ import httpx
 
 from fairgang.cluster import ClusterConfig, node_credential
 from fairgang.settings import SEARCH_ATTRIBUTES, Settings, normalise_database_url
-from store import tenants
+from store import auth, tenants
 from store.db import Database, migrate
-from worker_agent.isolation import write_token_file
+from worker_agent.isolation import read_token_file, write_token_file
 
 PR_SET_PDEATHSIG = 1
 
@@ -122,9 +123,12 @@ class DevPlatform:
         with open(logs / f"{name}.log", "ab") as out:
             # Each part leads a process group of its own: a Ctrl-C in the terminal reaches only this process, which
             # then stops the parts in order (Temporal last, so the others can still report to it).
+            env = self.env() | self.part_envs.get(name, {})
+            if name.startswith("agent-"):
+                env.pop("FAIRGANG_TOKEN_KEY", None)  # an agent checks no token
             proc = subprocess.Popen(
                 argv,
-                env=self.env() | self.part_envs.get(name, {}),
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
@@ -148,6 +152,17 @@ class DevPlatform:
             say(f"isolation off: {closed[0]} is closed to other users, so members run as root (see docs/architecture.md)")
             self.extra_env["FAIRGANG_ISOLATE_MEMBERS"] = "false"
 
+    def _token_key(self) -> None:
+        """The key of the tokens' stored digests: made once per data dir (0600), given to this process (it seeds)
+        and to the parts that check tokens; never to an agent."""
+        if os.environ.get("FAIRGANG_TOKEN_KEY") or self.extra_env.get("FAIRGANG_TOKEN_KEY"):
+            return
+        path = self.data_dir / "credentials" / "token.key"
+        if not path.exists():
+            write_token_file(path, secrets.token_hex(32))
+        os.environ["FAIRGANG_TOKEN_KEY"] = read_token_file(path)
+        auth.reset_token_key()
+
     def _write_pids(self) -> None:
         """data_dir/pids.json: each part's pid, for operators (and tests) that want to kill one."""
         pids = {name: proc.pid for name, proc in self.procs.items()}
@@ -158,6 +173,7 @@ class DevPlatform:
     def start(self, say: Callable[[str], None] = print) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._isolate(say)
+        self._token_key()
         temporal = [
             temporal_binary(), "server", "start-dev",
             "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),

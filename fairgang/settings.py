@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     job_uid_span: int = DEFAULT_UID_SPAN
     #: Where an isolated member's private temporary directory is made (None: the system's, /tmp).
     job_tmp_root: Path | None = None
+    #: The key of the tokens' stored digests (HMAC-SHA256); set it on every process that writes or checks tokens
+    #: (API, seeding). Without it digests are plain SHA-256; rows stored so are keyed at their next use.
+    token_key: str | None = None
     #: The agent reads its node credential from this file (mode 0600), which keeps it out of the environment.
     node_token_file: Path | None = None
     #: An agent that cannot reach the API this long stops its members (they may be running elsewhere soon).

@@ -6,23 +6,48 @@ made it and may expire; revoking one keeps its row (for the record) and refuses 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from fairgang.settings import Settings
 from store import audit
 from store.db import Database
 from store.models import ApiToken
 
 
+@functools.cache
+def _token_key() -> bytes | None:
+    key = Settings().token_key
+    return key.encode() if key else None
+
+
+def reset_token_key() -> None:
+    """Read ``FAIRGANG_TOKEN_KEY`` again (a process that set it after its first token)."""
+    _token_key.cache_clear()
+
+
 def hash_token(token: str) -> str:
-    """Tokens are stored as SHA-256 digests only."""
-    return hashlib.sha256(token.encode()).hexdigest()
+    """A token's stored digest: HMAC-SHA256 under the platform's token key (``FAIRGANG_TOKEN_KEY``), so that a
+    copy of the store does not let anyone try guesses offline; plain SHA-256 where no key is configured."""
+    key = _token_key()
+    if key is None:
+        return hashlib.sha256(token.encode()).hexdigest()
+    return hmac.new(key, token.encode(), hashlib.sha256).hexdigest()
+
+
+def digests(token: str) -> tuple[str, ...]:
+    """Every digest a stored token may have: keyed, and the plain one of a row stored before the key was set."""
+    plain = hashlib.sha256(token.encode()).hexdigest()
+    keyed = hash_token(token)
+    return (keyed,) if keyed == plain else (keyed, plain)
 
 
 ADMIN, TENANT_ADMIN, MEMBER, NODE = "admin", "tenant_admin", "tenant", "node"
@@ -77,10 +102,14 @@ def _live(row: ApiToken, now: float) -> bool:
 async def authenticate(db: Database, token: str, *, now: float | None = None) -> Principal | None:
     """The token's principal; None for an unknown, revoked or expired token."""
     now = time.time() if now is None else now
+    known = digests(token)
     async with db.sessions() as session:
-        row = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == hash_token(token)))).scalar_one_or_none()
+        row = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash).in_(known)))).scalars().first()
     if row is None or (row.role == NODE and not row.node_id) or not _live(row, now):
         return None
+    if row.token_hash != known[0]:  # stored before the token key was set: keyed from now on
+        async with db.transaction() as session:
+            await session.execute(update(ApiToken).where(col(ApiToken.id) == row.id).values(token_hash=known[0]))
     return Principal(role=row.role, tenant=row.tenant, node_id=row.node_id, token_id=row.id)
 
 
@@ -149,14 +178,14 @@ async def revoke_token(
 async def set_node_credential(session: AsyncSession, node_id: str, token: str, *, now: float | None = None) -> None:
     """Make ``token`` the node's only credential (in the caller's transaction): earlier ones stop working."""
     now = time.time() if now is None else now
-    digest = hash_token(token)
-    earlier = (col(ApiToken.role) == "node", col(ApiToken.node_id) == node_id, col(ApiToken.token_hash) != digest)
+    known = digests(token)
+    earlier = (col(ApiToken.role) == "node", col(ApiToken.node_id) == node_id, col(ApiToken.token_hash).not_in(known))
     await session.execute(delete(ApiToken).where(*earlier))
-    existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == digest))).scalar_one_or_none()
+    existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash).in_(known)))).scalars().first()
     if existing is None:
-        session.add(ApiToken(token_hash=digest, role="node", node_id=node_id, created_at=now))
+        session.add(ApiToken(token_hash=known[0], role="node", node_id=node_id, created_at=now))
     else:
-        existing.role, existing.tenant, existing.node_id = "node", None, node_id
+        existing.token_hash, existing.role, existing.tenant, existing.node_id = known[0], "node", None, node_id
 
 
 def new_node_token() -> str:

@@ -18,7 +18,7 @@ from sqlmodel import col
 from fairgang.admission import FleetShape, TenantPolicy
 from fairgang.cluster import ClusterConfig, TenantConfig, node_credential
 from store import audit
-from store.auth import hash_token, set_node_credential
+from store.auth import digests, set_node_credential
 from store.db import Database, bump_change_feed
 from store.models import ApiToken, Gpu, Node, Tenant
 
@@ -112,12 +112,12 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
         wanted += [(tok, "tenant", t.name) for t in config.tenants for tok in t.tokens]
         wanted += [(tok, "tenant_admin", t.name) for t in config.tenants for tok in t.admin_tokens]
         for token, role, tenant in wanted:
-            digest = hash_token(token)
-            existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash) == digest))).scalar_one_or_none()
+            known = digests(token)
+            existing = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash).in_(known)))).scalars().first()
             if existing is None:
-                session.add(ApiToken(token_hash=digest, role=role, tenant=tenant, created_at=now))
+                session.add(ApiToken(token_hash=known[0], role=role, tenant=tenant, created_at=now))
             else:
-                existing.role, existing.tenant = role, tenant
+                existing.token_hash, existing.role, existing.tenant = known[0], role, tenant
         for n in config.nodes:
             node = await session.get(Node, n.id)
             if node is None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
+import pytest
 from sqlalchemy import select
 from sqlmodel import col
 
-from store import auth
+from store import auth, tenants
 from store.db import Database
 from store.models import ApiToken
+from tests.conftest import small_cluster
 
 
 async def test_tokens_are_stored_hashed_and_map_to_their_principal(seeded: Database) -> None:
@@ -59,3 +64,44 @@ async def test_a_made_token_works_until_it_expires_or_is_revoked_and_its_secret_
     assert first is not None and again is not None and first.revoked_at == again.revoked_at == 2000.0
     assert await auth.authenticate(seeded, other, now=2500.0) is None
     assert await auth.revoke_token(seeded, beta.id, everyone=True) is not None
+
+
+async def test_with_a_token_key_digests_are_keyed_and_a_plain_one_stored_before_is_keyed_at_its_next_use(
+    seeded: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = hashlib.sha256(b"alpha-token").hexdigest()
+    monkeypatch.setenv("FAIRGANG_TOKEN_KEY", "k" * 64)
+    auth.reset_token_key()
+    try:
+        keyed = auth.hash_token("alpha-token")
+        assert keyed == hmac.new(b"k" * 64, b"alpha-token", hashlib.sha256).hexdigest() != plain
+        # Seeded before the key: stored plain; it still authenticates, and is stored keyed from then on.
+        assert await _digest_of(seeded, "alpha") == plain
+        who = await auth.authenticate(seeded, "alpha-token")
+        assert who is not None and who.tenant == "alpha"
+        assert await _digest_of(seeded, "alpha") == keyed
+        # A token made now is stored keyed only: a copy of the store cannot check guesses without the key.
+        secret, info = await auth.create_token(seeded, role="tenant", tenant="beta", name="k", created_by="x", expires_at=None)
+        async with seeded.sessions() as session:
+            stored = (await session.execute(select(col(ApiToken.token_hash)).where(col(ApiToken.id) == info.id))).scalar_one()
+        assert stored == auth.hash_token(secret) != hashlib.sha256(secret.encode()).hexdigest()
+        # Seeding again keeps one row per token (keyed), not a second one.
+        await tenants.seed_cluster(seeded, small_cluster())
+        async with seeded.sessions() as session:
+            rows = (
+                (await session.execute(select(ApiToken).where(col(ApiToken.tenant) == "alpha", col(ApiToken.role) == "tenant")))
+                .scalars()
+                .all()
+            )
+        assert [r.token_hash for r in rows] == [keyed]
+    finally:
+        monkeypatch.delenv("FAIRGANG_TOKEN_KEY")
+        auth.reset_token_key()
+    # Without the key the keyed digest no longer matches: the key is part of every token's check.
+    assert await auth.authenticate(seeded, "alpha-token") is None
+
+
+async def _digest_of(db: Database, tenant: str) -> str:
+    async with db.sessions() as session:
+        query = select(col(ApiToken.token_hash)).where(col(ApiToken.tenant) == tenant, col(ApiToken.role) == "tenant")
+        return str((await session.execute(query)).scalars().one())
