@@ -276,6 +276,8 @@ class TenantChange(BaseModel):
     checkpoint_prefix: str | None = Field(default=None, min_length=1, max_length=1024)
     submissions_per_minute: float | None = Field(default=None, gt=0)
     submission_burst: int | None = Field(default=None, ge=1)
+    #: Glob patterns of the images its jobs may use; null: any.
+    allowed_images: list[Annotated[str, Field(min_length=1, max_length=512)]] | None = Field(default=None, max_length=64)
 
 
 class TenantChanged(BaseModel):

@@ -9,6 +9,7 @@ the store's insert transaction, from the count it reads there).
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ class TenantPolicy:
     max_gpus_per_job: int
     max_runtime_s: float
     checkpoint_prefix: str | None
+    #: Glob patterns of the images its jobs may name (``local``: the process runtime); None: any.
+    allowed_images: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,9 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
                 f"{format_duration(tenant.max_runtime_s)}",
             )
         )
+    if tenant.allowed_images is not None and not any(fnmatch.fnmatchcase(spec.image, p) for p in tenant.allowed_images):
+        allowed = ", ".join(tenant.allowed_images) or "none"
+        problems.append(SpecProblem(field="image", reason=f"'{spec.image}' is not among tenant '{tenant.name}' allowed images ({allowed})"))
     prefix = checkpoint_prefix(tenant.name, tenant.checkpoint_prefix)
     if not (spec.checkpoint_dir == prefix.rstrip("/") or spec.checkpoint_dir.startswith(prefix.rstrip("/") + "/")):
         problems.append(SpecProblem(field="checkpoint_dir", reason=f"must lie under the tenant's prefix {prefix}"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -46,6 +46,9 @@ class TenantConfig(BaseModel):
     checkpoint_prefix: str | None = Field(default=None, description="Checkpoint paths must lie under it.")
     submissions_per_minute: float = Field(default=600.0, gt=0, description="Job submissions through the API: the bucket's refill.")
     submission_burst: int = Field(default=100, ge=1, description="Job submissions through the API: the bucket's size.")
+    allowed_images: list[Annotated[str, Field(min_length=1, max_length=512)]] | None = Field(
+        default=None, max_length=64, description="Glob patterns of the images its jobs may use ('local': the process runtime); none: any."
+    )
 
 
 class NodeConfig(BaseModel):

@@ -26,6 +26,8 @@ class Tenant(SQLModel, table=True):
     #: Job submissions through the API: a token bucket refilled at this rate, holding at most the burst.
     submissions_per_minute: float = 600.0
     submission_burst: int = 100
+    #: Glob patterns of the images its jobs may use; None: any.
+    allowed_images: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class ApiToken(SQLModel, table=True):

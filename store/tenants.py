@@ -25,7 +25,7 @@ from store.models import ApiToken, Gpu, Node, Tenant
 #: A tenant's policy columns: what an admin may change live (PATCH /v1/tenants/{name}) and the audit log records.
 POLICY = (
     "weight", "cohort", "quotas", "max_gpus_per_job", "max_runtime_s", "max_concurrent_jobs", "checkpoint_prefix",
-    "submissions_per_minute", "submission_burst",
+    "submissions_per_minute", "submission_burst", "allowed_images",
 )  # fmt: skip
 
 
@@ -86,6 +86,7 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
                 checkpoint_prefix=t.checkpoint_prefix,
                 submissions_per_minute=t.submissions_per_minute,
                 submission_burst=t.submission_burst,
+                allowed_images=t.allowed_images,
             )
             if row is None:
                 row = Tenant(name=t.name, **values)
@@ -152,6 +153,7 @@ def tenant_policy(tenant: Tenant) -> TenantPolicy:
         max_gpus_per_job=tenant.max_gpus_per_job,
         max_runtime_s=tenant.max_runtime_s,
         checkpoint_prefix=tenant.checkpoint_prefix,
+        allowed_images=None if tenant.allowed_images is None else tuple(tenant.allowed_images),
     )
 
 

@@ -124,3 +124,19 @@ async def test_the_next_scheduling_cycle_reads_the_change_without_a_restart(seed
     second = await reader.read(seeded, now=1001.0, stale_after_s=STALE, config=CONFIG)
     alpha = next(t for t in second.tenants if t.name == "alpha")
     assert alpha.weight == 4.0 and {k: q.nominal for k, q in alpha.quotas} == {"H100-80GB": 2}
+
+
+async def test_a_tenants_allowed_images_bound_its_jobs_from_the_next_submission(api: httpx.AsyncClient) -> None:
+    assert (await api.post("/v1/jobs", json=spec_dict(name="any", image="busybox:1"), headers=ALPHA)).status_code == 201
+    resp = await api.patch("/v1/tenants/alpha", json={"allowed_images": ["registry.example/ml/*", "local"]}, headers=ADMIN)
+    assert resp.status_code == 200 and resp.json()["after"]["allowed_images"] == ["registry.example/ml/*", "local"]
+    refused = await api.post("/v1/jobs", json=spec_dict(name="other", image="busybox:1"), headers=ALPHA)
+    assert refused.status_code == 422, refused.text
+    assert {p["field"]: p["reason"] for p in refused.json()["problems"]} == {
+        "image": "'busybox:1' is not among tenant 'alpha' allowed images (registry.example/ml/*, local)"
+    }
+    for image in ("registry.example/ml/train:2", "local"):
+        assert (await api.post("/v1/jobs", json=spec_dict(name=f"ok-{len(image)}", image=image), headers=ALPHA)).status_code == 201
+    # Null: any image again.
+    assert (await api.patch("/v1/tenants/alpha", json={"allowed_images": None}, headers=ADMIN)).json()["after"]["allowed_images"] is None
+    assert (await api.post("/v1/jobs", json=spec_dict(name="other", image="busybox:1"), headers=ALPHA)).status_code == 201
