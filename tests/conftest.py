@@ -156,3 +156,36 @@ async def api(seeded: Database, db_url: str, tmp_path: Path) -> AsyncIterator[ht
     app.state.fairgang = AppState(settings=settings, db=seeded)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:
         yield client
+
+
+#: The files that take longest (whole platforms as processes), run first: pytest-xdist hands each worker a whole
+#: file at a time in collection order, so a long file collected late would run alone at the end of the suite.
+LONGEST_FIRST = (
+    "tests/e2e/test_lifecycle.py",
+    "tests/e2e/test_sweeps.py",
+    "tests/e2e/test_platform.py",
+    "tests/e2e/test_health.py",
+    "tests/benchmarks/test_live_bench_smoke.py",
+    "tests/e2e/test_scheduling.py",
+    "tests/e2e/test_containers.py",
+    "tests/e2e/test_isolation.py",
+    "tests/workflows/test_sweep_workflow.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first; within a file, the tests of one store's platform together (a module's platform is
+    made once per store: tests that alternate stores would stop and start it at each change)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], index)
+
+    def key(pair: tuple[int, pytest.Item]) -> tuple[int, int, int, int]:
+        index, item = pair
+        path = item.nodeid.split("::")[0]
+        params = getattr(item, "callspec", None)
+        store = params.params.get("platform_factory") if params is not None else None
+        return (rank.get(path, len(rank)), first[path], 1 if store == "postgres" else 0, index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
