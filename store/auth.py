@@ -6,6 +6,7 @@ made it and may expire; revoking one keeps its row (for the record) and refuses 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
@@ -104,12 +106,15 @@ async def authenticate(db: Database, token: str, *, now: float | None = None) ->
     now = time.time() if now is None else now
     known = digests(token)
     async with db.sessions() as session:
-        row = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash).in_(known)))).scalars().first()
+        rows = (await session.execute(select(ApiToken).where(col(ApiToken.token_hash).in_(known)))).scalars().all()
+    # The keyed row wins over a plain one (written by a process that lacked the key).
+    row = min(rows, key=lambda r: known.index(r.token_hash), default=None)
     if row is None or (row.role == NODE and not row.node_id) or not _live(row, now):
         return None
     if row.token_hash != known[0]:  # stored before the token key was set: keyed from now on
-        async with db.transaction() as session:
-            await session.execute(update(ApiToken).where(col(ApiToken.id) == row.id).values(token_hash=known[0]))
+        with contextlib.suppress(IntegrityError):
+            async with db.transaction() as session:
+                await session.execute(update(ApiToken).where(col(ApiToken.id) == row.id).values(token_hash=known[0]))
     return Principal(role=row.role, tenant=row.tenant, node_id=row.node_id, token_id=row.id)
 
 

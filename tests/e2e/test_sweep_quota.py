@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from fairgang.cluster import ClusterConfig
-from store import tenants
+from store import auth, tenants
 from store.db import Database
 from tests.builders import max_overlap
 from tests.conftest import small_cluster
@@ -48,7 +48,13 @@ def set_policy(p: Platform, cluster: ClusterConfig) -> None:
         finally:
             await db.dispose()
 
-    asyncio.run(seed())
+    # As `fairgang seed` must: with the platform's token key (the digests it stores are keyed).
+    key = (p.data_dir / "credentials" / "token.key").read_text().strip()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FAIRGANG_TOKEN_KEY", key)
+        auth.reset_token_key()
+        asyncio.run(seed())
+    auth.reset_token_key()
 
 
 @pytest.fixture(scope="module")

@@ -105,3 +105,20 @@ async def _digest_of(db: Database, tenant: str) -> str:
     async with db.sessions() as session:
         query = select(col(ApiToken.token_hash)).where(col(ApiToken.tenant) == tenant, col(ApiToken.role) == "tenant")
         return str((await session.execute(query)).scalars().one())
+
+
+async def test_a_plain_row_beside_the_keyed_one_does_not_break_authentication(seeded: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process without the key (a seeding run without FAIRGANG_TOKEN_KEY) stored a plain row for a keyed token:
+    the keyed row is the one that counts, and the check does not fail on the pair."""
+    monkeypatch.setenv("FAIRGANG_TOKEN_KEY", "k" * 64)
+    auth.reset_token_key()
+    try:
+        assert await auth.authenticate(seeded, "alpha-token") is not None  # keyed now
+        async with seeded.transaction() as session:
+            session.add(ApiToken(token_hash=hashlib.sha256(b"alpha-token").hexdigest(), role="tenant", tenant="beta"))
+        for _ in range(2):
+            who = await auth.authenticate(seeded, "alpha-token")
+            assert who is not None and who.tenant == "alpha"
+    finally:
+        monkeypatch.delenv("FAIRGANG_TOKEN_KEY")
+        auth.reset_token_key()

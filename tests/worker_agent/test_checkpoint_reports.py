@@ -13,15 +13,18 @@ from temporalio.testing import ActivityEnvironment
 from worker_agent.launch import LaunchActivities
 from workflows.messages import CheckpointReport, LaunchInput
 
-#: Points LATEST at step-1, then step-2, a second and a half apart (the activity reads it every second), and exits 0.
+#: Points LATEST at step-1, then step-2, and exits 0. Rank 0 moves on once the test heard the report (argv[1]/heard-N,
+#: within 60 s: however loaded the machine, the activity's once-a-second read sees each); other ranks after 1.5 s.
 CHECKPOINTING = r"""
-import os, time
-d = os.environ["CHECKPOINT_DIR"]
-for name in ("step-1", "step-2"):
+import os, sys, time
+d, heard = os.environ["CHECKPOINT_DIR"], sys.argv[1]
+for seq, name in enumerate(("step-1", "step-2"), start=1):
     open(os.path.join(d, name), "w").write(name)
     open(os.path.join(d, "LATEST.tmp"), "w").write(name + "\n")
     os.replace(os.path.join(d, "LATEST.tmp"), os.path.join(d, "LATEST"))
-    time.sleep(1.5)
+    deadline = time.time() + (60 if os.environ["RANK"] == "0" else 1.5)
+    while time.time() < deadline and not os.path.exists(os.path.join(heard, f"heard-{seq}")):
+        time.sleep(0.05)
 """
 
 
@@ -33,6 +36,7 @@ async def run_member(tmp_path: Path, rank: int) -> list[CheckpointReport]:
         if name == "checkpoint":
             assert isinstance(arg, CheckpointReport)
             reports.append(arg)
+            (tmp_path / f"heard-{arg.seq}").touch()
 
     launcher._signal = signal  # type: ignore[method-assign]
     # What an earlier attempt left in the marker is not news.
@@ -42,7 +46,7 @@ async def run_member(tmp_path: Path, rank: int) -> list[CheckpointReport]:
     env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC))
     inp = LaunchInput(
         job_id="j", attempt=2, allocation_id=f"a-{rank}", node_id="h1", rank=rank, world_size=2, gpu_indices=[0],
-        gpus_per_member=1, argv=[sys.executable, "-c", CHECKPOINTING], env={}, checkpoint_dir="/ckpt",
+        gpus_per_member=1, argv=[sys.executable, "-c", CHECKPOINTING, str(tmp_path)], env={}, checkpoint_dir="/ckpt",
         grace_period_s=1.0, master_addr="h1", master_port=29500,
     )  # fmt: skip
     result = await env.run(launcher.launch, inp)
