@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fairgang.spec import Seconds
+from store.auth import TokenInfo
 from store.models import Allocation, Job, JobEvent
 
 
@@ -231,24 +232,11 @@ class TokenRequest(BaseModel):
     )
 
 
-class TokenPublic(BaseModel):
-    """A token as its owners see it: never its secret."""
-
-    id: int
-    name: str | None
-    role: str
-    tenant: str | None
-    created_at: float
-    created_by: str | None
-    expires_at: float | None
-    revoked_at: float | None
-
-
 class TokenCreated(BaseModel):
     """The new token and its secret: shown once, never again."""
 
     token: str
-    info: TokenPublic
+    info: TokenInfo
 
 
 class QuotaChange(BaseModel):

@@ -75,9 +75,7 @@ async def change_tenant(state: State, who: Caller, name: str, body: TenantChange
     problems = tenant_change_problems(changed, others, set(capacity))
     if problems:
         raise _refused(problems)
-    new = changed.model_dump()
-    values = {key: new["max_runtime" if key == "max_runtime_s" else key] for key in tenants.POLICY}
-    done = await tenants.update_tenant(state.db, name, values, actor=who.name)
+    done = await tenants.update_tenant(state.db, name, tenants.policy_values(changed), actor=who.name)
     if done is None:
         raise HTTPException(404, f"no tenant {name}")
     before, after = done

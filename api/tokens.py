@@ -12,15 +12,11 @@ import time
 from fastapi import APIRouter, HTTPException, Query
 
 from api.deps import Caller, State
-from api.schemas import TokenCreated, TokenPublic, TokenRequest
+from api.schemas import TokenCreated, TokenRequest
 from store import auth, tenants
 from store.auth import ADMIN, TENANT_ADMIN, Principal, TokenInfo
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
-
-
-def _public(info: TokenInfo) -> TokenPublic:
-    return TokenPublic(**vars(info))
 
 
 def _require_token_admin(who: Principal) -> None:
@@ -49,27 +45,27 @@ async def create_token(state: State, who: Caller, body: TokenRequest) -> TokenCr
     secret, info = await auth.create_token(
         state.db, role=body.role, tenant=tenant, name=body.name, created_by=who.name, expires_at=expires_at
     )
-    return TokenCreated(token=secret, info=_public(info))
+    return TokenCreated(token=secret, info=info)
 
 
 @router.get("/tokens")
 async def list_tokens(
     state: State, who: Caller, tenant: str | None = Query(default=None, description="Admins: one tenant's tokens only.")
-) -> list[TokenPublic]:
+) -> list[TokenInfo]:
     """People's tokens (never their secrets): a tenant admin sees its tenant's, a platform admin everyone's."""
     _require_token_admin(who)
     if who.admin and tenant is None:
         found = await auth.list_tokens(state.db, everyone=True)
     else:
         found = await auth.list_tokens(state.db, tenant=tenant if who.admin else who.tenant)
-    return [_public(t) for t in found]
+    return found
 
 
 @router.delete("/tokens/{token_id}")
-async def revoke_token(state: State, who: Caller, token_id: int) -> TokenPublic:
+async def revoke_token(state: State, who: Caller, token_id: int) -> TokenInfo:
     """Revoke a token: it is refused from now on (the record stays). Another tenant's answers 404."""
     _require_token_admin(who)
     info = await auth.revoke_token(state.db, token_id, tenant=who.tenant, everyone=who.admin, actor=who.name)
     if info is None:
         raise HTTPException(404, f"no token {token_id}")
-    return _public(info)
+    return info

@@ -41,6 +41,13 @@ def tenant_config(row: Tenant) -> TenantConfig:
     return TenantConfig.model_validate({"name": row.name, **policy})
 
 
+def policy_values(config: TenantConfig) -> dict[str, Any]:
+    """The policy columns of a tenant as the cluster config's model gives it (the inverse of :func:`tenant_config`)."""
+    data = config.model_dump()
+    data["max_runtime_s"] = data.pop("max_runtime")
+    return {key: data[key] for key in POLICY}
+
+
 async def update_tenant(
     db: Database, name: str, values: dict[str, Any], *, actor: str, now: float | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -76,18 +83,7 @@ async def seed_cluster(db: Database, config: ClusterConfig, *, now: float | None
     async with db.transaction() as session:
         for t in config.tenants:
             row = await session.get(Tenant, t.name)
-            values: dict[str, Any] = dict(
-                weight=t.weight,
-                cohort=t.cohort,
-                quotas={k: v.model_dump() for k, v in t.quotas.items()},
-                max_gpus_per_job=t.max_gpus_per_job,
-                max_runtime_s=t.max_runtime,
-                max_concurrent_jobs=t.max_concurrent_jobs,
-                checkpoint_prefix=t.checkpoint_prefix,
-                submissions_per_minute=t.submissions_per_minute,
-                submission_burst=t.submission_burst,
-                allowed_images=t.allowed_images,
-            )
+            values = policy_values(t)
             if row is None:
                 row = Tenant(name=t.name, **values)
                 session.add(row)

@@ -209,7 +209,8 @@ class LaunchActivities:
             try:
                 keep_private(path.parent)
                 hand_over(ckpt, uid, self.run_as)
-                tmp = private_tmp(self.run_as, uid, inp.allocation_id, inp.rank)
+                if not container:  # a container has a tmpfs /tmp of its own
+                    tmp = private_tmp(self.run_as, uid, inp.allocation_id, inp.rank)
             except OSError as err:
                 return LaunchResult(exit_code=127, how="start_failed", error=f"could not prepare the member's directories: {err}")
         argv, env = self._command(inp, ckpt, container, uid, tmp)
