@@ -43,6 +43,20 @@ async def enrol(state: State, who: Caller, body: NodeEnrolment) -> NodeCredentia
     return NodeCredential(node_id=body.node_id, token=token)
 
 
+@router.post("/nodes/{node_id}/retire")
+async def retire(state: State, who: Caller, node_id: str) -> dict[str, Any]:
+    """Admin: take a node out of the fleet for good: no capacity, no credential, its agent refused; its history
+    stays. Only an empty node (409 otherwise: drain it first); enrolling it again brings it back."""
+    require_admin(who)
+    try:
+        node = await nodes.retire_node(state.db, node_id=node_id, actor=who.name)
+    except nodes.NodeRefused as err:
+        raise HTTPException(409, {"error": "node not retired", "problems": [{"field": err.field, "reason": err.reason}]}) from None
+    if node is None:
+        raise HTTPException(404, f"no node {node_id}")
+    return health.node_public(node)
+
+
 @router.post("/nodes/register", response_model=NodeAnswer)
 async def register(state: State, who: Caller, body: NodeRegistration) -> NodeAnswer:
     """An agent registers (or re-registers after a restart) its node: only as the node its credential names,

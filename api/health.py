@@ -154,7 +154,7 @@ async def _node(state: AppState, node_id: str) -> Any:
     return node
 
 
-def _node_public(node: Any) -> dict[str, Any]:
+def node_public(node: Any) -> dict[str, Any]:
     return {"id": node.id, "state": node.state, "gpu_type": node.gpu_type, "gpu_count": node.gpu_count}
 
 
@@ -162,7 +162,10 @@ async def _set_admin_state(state: State, who: auth.Principal, node_id: str, new_
     """An admin's change of a node's state, with its health event."""
     require_admin(who)
     await _node(state, node_id)
-    node = await nodes.set_node_state(state.db, node_id=node_id, state=new_state)
+    try:
+        node = await nodes.set_node_state(state.db, node_id=node_id, state=new_state)
+    except nodes.NodeRefused as err:
+        raise HTTPException(409, {"error": f"node not {kind}ed", "problems": [{"field": err.field, "reason": err.reason}]}) from None
     await stored_health.add_health_event(state.db, node_id=node_id, kind=kind, message=message, key=f"{kind}-{time.time()}")
     return node
 
@@ -170,12 +173,12 @@ async def _set_admin_state(state: State, who: auth.Principal, node_id: str, new_
 @router.post("/nodes/{node_id}/cordon")
 async def cordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
     """No new work on the node; what runs there keeps running."""
-    return _node_public(await _set_admin_state(state, who, node_id, "CORDONED", "cordon", "cordoned by admin"))
+    return node_public(await _set_admin_state(state, who, node_id, "CORDONED", "cordon", "cordoned by admin"))
 
 
 @router.post("/nodes/{node_id}/uncordon")
 async def uncordon(state: State, who: Caller, node_id: str) -> dict[str, Any]:
-    return _node_public(await _set_admin_state(state, who, node_id, "READY", "uncordon", "uncordoned by admin"))
+    return node_public(await _set_admin_state(state, who, node_id, "READY", "uncordon", "uncordoned by admin"))
 
 
 @router.post("/nodes/{node_id}/drain")
@@ -198,7 +201,7 @@ async def drain(
                 await starter.preempt(client, job_id=job_id, reason=f"drain: node {node_id} drained by admin")
             except Exception as err:  # noqa: BLE001 - not running yet or already stopping: it will not come back here
                 log.info("drain: %s not preempted: %s", job_id, err)
-    return {**_node_public(node), "jobs": [j for j, _ in jobs], "moving": checkpoint}
+    return {**node_public(node), "jobs": [j for j, _ in jobs], "moving": checkpoint}
 
 
 @router.post("/nodes/{node_id}/gpus/{index}/return")

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import ColumnClause, literal_column, select
 from sqlmodel import col
 
-from fairgang.liveness import node_schedulable
+from fairgang.liveness import RETIRED, node_schedulable
 from fairgang.settings import Settings
 from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
@@ -194,8 +194,9 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
 
     Fragmentation of a group of nodes: ``stranded`` free GPUs sit on partly used nodes (no whole-node
     gang can use them), ``whole_nodes_free`` nodes are entirely free, and ``fragmentation`` is
-    stranded / free (0: every free GPU is on a whole free node; 1: none is). Read as plain columns
-    (no ORM objects: thousands of GPU rows).
+    stranded / free (0: every free GPU is on a whole free node; 1: none is). Retired nodes are no part of
+    the fleet: only their ids are listed (``retired``). Read as plain columns (no ORM objects: thousands of
+    GPU rows).
     """
     now = time.time() if now is None else now
     async with db.sessions() as session:
@@ -213,7 +214,11 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
     totals: dict[str, dict[str, int]] = {}
     domains: dict[str, dict[str, dict[str, Any]]] = {}
     levels = [level.strip() for level in settings.topology_levels.split(",") if level.strip() and level.strip() != "node"]
+    retired = []
     for node in node_list:
+        if node.state == RETIRED:
+            retired.append(node.id)
+            continue
         gpus = gpus_by_node.get(node.id, [])
         n_used = sum(1 for g in gpus if (node.id, g.number) in used)
         n_unhealthy = sum(1 for g in gpus if not g.healthy)
@@ -256,4 +261,9 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
     for per_level in domains.values():
         for entry in per_level.values():
             entry["gpu_types"].sort()
-    return {"gpu_types": totals, "domains": {lvl: dict(sorted(d.items())) for lvl, d in sorted(domains.items())}, "nodes": nodes}
+    return {
+        "gpu_types": totals,
+        "domains": {lvl: dict(sorted(d.items())) for lvl, d in sorted(domains.items())},
+        "nodes": nodes,
+        "retired": retired,
+    }

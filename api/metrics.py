@@ -28,7 +28,7 @@ from store.models import Job
 router = APIRouter(tags=["metrics"])
 
 WAIT_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
-NODE_STATES = ("DOWN", "READY", "CORDONED", "LOST")
+NODE_STATES = ("DOWN", "READY", "CORDONED", "LOST", "RETIRED")
 PREEMPT_REASONS = ("priority", "reclaim", "max_wait", "health")
 
 
@@ -115,7 +115,7 @@ async def collect(
     for gpu_type, totals in sorted(fleet["gpu_types"].items()):
         frag.add_metric([gpu_type], totals["stranded"])
     nodes = GaugeMetricFamily("fairgang_nodes", "Nodes by state.", labels=["state"])
-    node_states = [n["state"] for n in fleet["nodes"]]
+    node_states = [n["state"] for n in fleet["nodes"]] + ["RETIRED"] * len(fleet["retired"])
     for state in sorted(set(NODE_STATES) | set(node_states)):
         nodes.add_metric([state], node_states.count(state))
     out += [gpus, capacity, healthy, util, frag, nodes]

@@ -126,7 +126,9 @@ def top(
                 live.update(screen())
 
 
-node_app = typer.Typer(help="Admin: cordon, drain, uncordon nodes; return GPUs to service; inject simulated faults.", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Admin: enrol, cordon, drain, uncordon, retire nodes; return GPUs to service; inject simulated faults.", no_args_is_help=True
+)
 app.add_typer(node_app, name="node")
 
 
@@ -186,6 +188,13 @@ def node_drain(
     with _client(api_url, token) as http:
         data = _check(http.post(f"/v1/nodes/{node_id}/drain", params={"checkpoint": checkpoint}))
     console.print(f"{node_id}: {data['state']}; jobs {', '.join(data['jobs']) or '(none)'} {'moving' if checkpoint else 'finishing there'}")
+
+
+@node_app.command("retire")
+def node_retire(node_id: str, api_url: str = ApiUrl, token: str = Token) -> None:
+    """Take an empty node out of the fleet for good (drain it first); enrolling it again brings it back."""
+    with _client(api_url, token) as http:
+        console.print(f"{node_id}: {_check(http.post(f'/v1/nodes/{node_id}/retire'))['state']}")
 
 
 @node_app.command("return-gpu")

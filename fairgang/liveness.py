@@ -7,7 +7,12 @@ rules with the node's state, its last heartbeat and the time.
 
 from __future__ import annotations
 
-#: The states a silent node is declared LOST from (a DOWN node was never seen; a LOST one already is).
+#: A node an admin took out of the fleet for good: no work, no capacity, no credential; enrolling it again
+#: brings it back (as DOWN, until its agent registers).
+RETIRED = "RETIRED"
+
+#: The states a silent node is declared LOST from (a DOWN node was never seen; a LOST one already is; a
+#: RETIRED one is no longer part of the fleet).
 LOSABLE_STATES = ("READY", "CORDONED")
 
 

@@ -193,6 +193,11 @@ async def set_node_credential(session: AsyncSession, node_id: str, token: str, *
         existing.token_hash, existing.role, existing.tenant, existing.node_id = known[0], "node", None, node_id
 
 
+async def revoke_node_credentials(session: AsyncSession, node_id: str) -> None:
+    """The node's credentials stop working (in the caller's transaction)."""
+    await session.execute(delete(ApiToken).where(col(ApiToken.role) == "node", col(ApiToken.node_id) == node_id))
+
+
 def new_node_token() -> str:
     """A fresh random node credential (an admin's enrolment)."""
     return "fgn-" + secrets.token_hex(20)

@@ -54,7 +54,7 @@ class Node(SQLModel, table=True):
     gpu_count: int
     #: Topology domains by level, e.g. {"leaf": "l1", "spine": "s1"}.
     labels: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-    #: "DOWN" (never seen), "READY", "CORDONED", "LOST".
+    #: "DOWN" (never seen), "READY", "CORDONED", "LOST", "RETIRED" (taken out of the fleet by an admin).
     state: str = Field(default="DOWN", max_length=16)
     boot_id: str | None = Field(default=None, max_length=64)
     last_heartbeat: float | None = None

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlmodel import col
 
 from fairgang.fencing import FENCED_EVENT, fenced_event_key, store_fences
-from fairgang.liveness import LOSABLE_STATES, lost_cutoff
+from fairgang.liveness import LOSABLE_STATES, RETIRED, lost_cutoff
 from store import audit
-from store.auth import new_node_token, set_node_credential
+from store.auth import new_node_token, revoke_node_credentials, set_node_credential
 from store.common import REVOKED, add_event_once, held, new_event
 from store.db import Database, bump_change_feed
 from store.health import live_gpu_jobs
@@ -39,14 +39,20 @@ async def enrol_node(
     """An admin enrols a node, or enrols it again (its GPU type, count or labels change): its new credential.
 
     The node's earlier credential stops working. Its GPU type or count may change only while nothing is
-    placed on it (drain it first).
+    placed on it (drain it first). A retired node enrolled again is back in the fleet (DOWN until its agent
+    registers).
     """
     now = time.time() if now is None else now
     token = new_node_token()
     async with db.transaction() as session:
         node = await session.get(Node, node_id)
-        before = None if node is None else {"gpu_type": node.gpu_type, "gpu_count": node.gpu_count, "labels": dict(node.labels)}
-        after = {"gpu_type": gpu_type, "gpu_count": gpu_count, "labels": dict(labels)}
+        before: dict[str, Any] | None = None
+        if node is not None:
+            before = {"gpu_type": node.gpu_type, "gpu_count": node.gpu_count, "labels": dict(node.labels)}
+        after: dict[str, Any] = {"gpu_type": gpu_type, "gpu_count": gpu_count, "labels": dict(labels)}
+        if node is not None and node.state == RETIRED:
+            before = (before or {}) | {"state": RETIRED}
+            after["state"] = "DOWN"
         audit.record(session, actor=actor, action="node.enrol", target=f"node:{node_id}", before=before, after=after, now=now)
         if node is None:
             node = Node(id=node_id, gpu_type=gpu_type, gpu_count=gpu_count, labels=labels)
@@ -55,6 +61,8 @@ async def enrol_node(
             if (node.gpu_type, node.gpu_count) != (gpu_type, gpu_count) and await _live_allocations_on(session, node_id):
                 raise NodeRefused("gpu_count", f"node {node_id} has live allocations: drain it before its GPUs change")
             node.gpu_type, node.gpu_count, node.labels = gpu_type, gpu_count, labels
+            if node.state == RETIRED:
+                node.state, node.boot_id = "DOWN", None
         await session.flush()
         for index in range(gpu_count):
             if await session.get(Gpu, (node_id, index)) is None:
@@ -92,6 +100,8 @@ async def register_node(
         node = await session.get(Node, node_id)
         if node is None:
             raise NodeRefused("node_id", f"node {node_id} is not enrolled (an admin enrols it: fairgang node enrol)")
+        if node.state == RETIRED:
+            raise NodeRefused("node_id", f"node {node_id} is retired (an admin enrols it again to bring it back)")
         if node.gpu_type != gpu_type:
             raise NodeRefused("gpu_type", f"node {node_id} is enrolled with {node.gpu_type}, not {gpu_type}: an admin re-enrols it")
         if node.gpu_count != gpu_count:
@@ -199,7 +209,7 @@ _WRITE_GPU_HEALTH = (
 
 _BEAT = (
     update(_NODE)
-    .where(_NODE.c.id == bindparam("b_node"), _NODE.c.boot_id == bindparam("b_boot"), _NODE.c.state != "LOST")
+    .where(_NODE.c.id == bindparam("b_node"), _NODE.c.boot_id == bindparam("b_boot"), _NODE.c.state.not_in(("LOST", RETIRED)))
     .values(last_heartbeat=bindparam("b_now"))
     .returning(_NODE.c.state, _NODE.c.gpu_count)
 )
@@ -216,8 +226,8 @@ async def record_heartbeat(
 ) -> Heartbeat:
     """Record a heartbeat and, with ``policy``, its GPUs' health: one transaction over the node's own rows only.
 
-    A heartbeat from another boot of the node, or from a node declared lost, is refused: the agent must
-    register again, and a lost node's allocations stay lost. The node's GPU rows are read locked, so the
+    A heartbeat from another boot of the node, or from a node declared lost or retired, is refused: the agent
+    must register again, and a lost node's allocations stay lost. The node's GPU rows are read locked, so the
     ``injected`` faults written back are the row's own (an admin's injection or return is never lost to a
     report assessed meanwhile); every GPU's health is written in one statement, and only the GPUs whose
     health or in-service flag changed. Taking a GPU out wakes the placement service.
@@ -321,14 +331,45 @@ async def list_gpus(db: Database) -> Sequence[Gpu]:
 
 
 async def set_node_state(db: Database, *, node_id: str, state: str, now: float | None = None) -> Node | None:
-    """Cordon (``CORDONED``) or uncordon (``READY``) a node; a LOST or DOWN node stays as it is for READY."""
+    """Cordon (``CORDONED``) or uncordon (``READY``) a node; a LOST or DOWN node stays as it is for READY.
+
+    Raises:
+        NodeRefused: the node is retired (it comes back only through an admin's enrolment).
+    """
     async with db.transaction() as session:
         node = await session.get(Node, node_id)
         if node is None:
             return None
+        if node.state == RETIRED:
+            raise NodeRefused("node_id", f"node {node_id} is retired (an admin enrols it again to bring it back)")
         if state == "READY" and node.state != "CORDONED":
             return node
         node.state = state
+        await bump_change_feed(session)
+        return node
+
+
+async def retire_node(db: Database, *, node_id: str, actor: str = "admin", now: float | None = None) -> Node | None:
+    """Take a node out of the fleet for good (None: no such node); retiring a retired node changes nothing.
+
+    A retired node is no capacity (placement, fair shares and admission leave it out), is never declared
+    lost, and its credential is gone: its agent's heartbeats and registrations are refused. Its rows and its
+    allocations' history stay. Enrolling it again brings it back.
+
+    Raises:
+        NodeRefused: something is still placed on the node (drain it first).
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        node = await session.get(Node, node_id)
+        if node is None or node.state == RETIRED:
+            return node
+        if await _live_allocations_on(session, node_id):
+            raise NodeRefused("node_id", f"node {node_id} has live allocations: drain it before it is retired")
+        before, after = {"state": node.state}, {"state": RETIRED}
+        audit.record(session, actor=actor, action="node.retire", target=f"node:{node_id}", before=before, after=after, now=now)
+        node.state, node.boot_id = RETIRED, None
+        await revoke_node_credentials(session, node_id)
         await bump_change_feed(session)
         return node
 

@@ -16,6 +16,7 @@ from sqlalchemy import func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from fairgang.liveness import RETIRED
 from fairgang.members import PlacedMember, members_of
 from fairgang.spec import JobState
 from store.common import LIVE_ALLOCATION_STATES, REVOKED
@@ -76,7 +77,8 @@ async def read_rows(session: AsyncSession) -> Rows:
     """Every row a cycle needs. The GPUs a live allocation holds are its members (``allocation_gpu`` holds the
     same GPUs, written in the same transaction), so the caller derives them from the members it keeps."""
     conn = await session.connection()  # Core execution: no ORM layer over plain column rows
-    nodes = (await conn.execute(select(*NODE_COLUMNS).order_by(col(Node.id)))).all()
+    # A retired node is no part of the fleet: no capacity, not even in the fair shares' denominators.
+    nodes = (await conn.execute(select(*NODE_COLUMNS).where(col(Node.state) != RETIRED).order_by(col(Node.id)))).all()
     gpu_rows = (
         await conn.execute(
             select(col(Gpu.node_id), func.count(), func.min(col(Gpu.index)), func.max(col(Gpu.index))).group_by(col(Gpu.node_id))

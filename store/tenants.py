@@ -17,6 +17,7 @@ from sqlmodel import col
 
 from fairgang.admission import FleetShape, TenantPolicy
 from fairgang.cluster import ClusterConfig, TenantConfig, node_credential
+from fairgang.liveness import RETIRED
 from store import audit
 from store.auth import digests, set_node_credential
 from store.db import Database, bump_change_feed
@@ -157,11 +158,15 @@ async def fleet_shape(db: Database) -> FleetShape:
     """GPU type -> {GPUs per node: nodes}, and the topology levels the nodes' labels use (for admission).
 
     Counted in SQL: a submission reads a row per node shape and per distinct label set, not every node.
+    Retired nodes are no part of it.
     """
     async with db.sessions() as session:
-        shape_query = select(col(Node.gpu_type), col(Node.gpu_count), func.count()).group_by(col(Node.gpu_type), col(Node.gpu_count))
+        in_fleet = col(Node.state) != RETIRED
+        shape_query = (
+            select(col(Node.gpu_type), col(Node.gpu_count), func.count()).where(in_fleet).group_by(col(Node.gpu_type), col(Node.gpu_count))
+        )
         counts = (await session.execute(shape_query)).all()
-        label_sets = (await session.execute(select(cast(col(Node.labels), String)).distinct())).scalars().all()
+        label_sets = (await session.execute(select(cast(col(Node.labels), String)).where(in_fleet).distinct())).scalars().all()
     shapes: dict[str, dict[int, int]] = {}
     for gpu_type, per_node, nodes in counts:
         shapes.setdefault(gpu_type, {})[per_node] = nodes

@@ -87,6 +87,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/nodes/{node_id}/cordon"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/uncordon"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/drain"): frozenset({ADMIN}),
+    ("POST", "/v1/nodes/{node_id}/retire"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/gpus/{index}/return"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/gpus/{index}/faults"): frozenset({ADMIN}),
 }
@@ -186,7 +187,7 @@ async def _owned(api: httpx.AsyncClient) -> dict[str, str]:
 def _order(route: tuple[str, str]) -> tuple[int, str, str]:
     """Reads first, then changes, then what ends a resource (cancel, delete)."""
     method, path = route
-    last = path.endswith("/cancel") or method == "DELETE" or path.endswith("/preempt") or path.endswith("/drain")
+    last = path.endswith("/cancel") or method == "DELETE" or path.endswith(("/preempt", "/drain", "/retire"))
     return (2 if last else 0 if method == "GET" else 1, path, method)
 
 

@@ -3,13 +3,20 @@ against the node's enrolment; an admin enrols nodes (and enrols them again to ch
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
 
+from api import insight
 from fairgang.cluster import node_credential
-from store import nodes
+from fairgang.members import PlacedMember
+from fairgang.settings import Settings
+from store import nodes, placement, tenants
+from store import snapshot as snapshot_rows
 from store.db import Database
+from tests.conftest import small_cluster
+from tests.store.helpers import bind, queued_job
 
 
 def auth(token: str) -> dict[str, str]:
@@ -82,3 +89,51 @@ async def test_an_admin_enrols_a_node_and_enrolling_again_replaces_its_credentia
     reg4 = reg | {"gpu_count": 4, "gpus": [{"index": i} for i in range(4)]}
     assert (await api.post("/v1/nodes/register", json=reg4, headers=auth(again.json()["token"]))).json()["accepted"]
     assert sorted(g.index for g in await nodes.list_gpus(seeded) if g.node_id == "n9") == [0, 1, 2, 3]
+
+
+async def test_an_admin_retires_an_empty_node_and_enrolling_it_again_brings_it_back(api: httpx.AsyncClient, seeded: Database) -> None:
+    assert (await api.post("/v1/nodes/register", json=registration("h1"), headers=H1)).json()["accepted"]
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="test", ttl_s=60)
+    assert epoch is not None
+    job = await queued_job(seeded, "on-h1")
+    (alloc,) = await bind(seeded, job.id, [PlacedMember(node_id="h1", gpu_indices=[0, 1], rank=0)], epoch)
+    assert (await api.post("/v1/nodes/h1/retire", headers=ALPHA)).status_code == 403
+    assert (await api.post("/v1/nodes/nope/retire", headers=ADMIN)).status_code == 404
+    busy = await api.post("/v1/nodes/h1/retire", headers=ADMIN)
+    assert busy.status_code == 409 and "drain it" in fields(busy)["node_id"]
+    assert (await nodes.get_node(seeded, "h1")).state == "READY"  # type: ignore[union-attr]
+
+    await placement.release_allocation(seeded, job_id=job.id, allocation_id=alloc.id)
+    retired = await api.post("/v1/nodes/h1/retire", headers=ADMIN)
+    assert retired.status_code == 200 and retired.json()["state"] == "RETIRED"
+    assert (await api.post("/v1/nodes/h1/retire", headers=ADMIN)).json()["state"] == "RETIRED"  # idempotent
+    # No part of the fleet: not in the placement snapshot, not in admission's fleet shape, not in the fleet view.
+    async with seeded.sessions() as session:
+        rows = await snapshot_rows.read_rows(session)
+    assert [r[0] for r in rows.nodes] == ["g1", "h2"]
+    assert (await tenants.fleet_shape(seeded)).shapes["H100-80GB"] == {8: 1}
+    fleet = await insight.fleet_view(seeded, Settings(database_url="sqlite+aiosqlite:///:memory:"))
+    assert "h1" not in {n["id"] for n in fleet["nodes"]} and fleet["retired"] == ["h1"]
+    assert fleet["gpu_types"]["H100-80GB"]["total"] == 8
+    # Its agent is refused: the credential is gone; nothing can cordon it back into the fleet; never declared lost.
+    assert (await api.post("/v1/nodes/h1/heartbeat", json={"boot_id": "b1"}, headers=H1)).status_code == 401
+    assert (await api.post("/v1/nodes/register", json=registration("h1"), headers=H1)).status_code == 401
+    for verb in ("cordon", "uncordon", "drain"):
+        resp = await api.post(f"/v1/nodes/h1/{verb}", headers=ADMIN)
+        assert resp.status_code == 409 and "retired" in fields(resp)["node_id"], (verb, resp.text)
+    assert "h1" not in await nodes.mark_lost_nodes(seeded, lost_after_s=60.0, now=time.time() + 3600)
+    assert (await nodes.get_node(seeded, "h1")).state == "RETIRED"  # type: ignore[union-attr]
+    # Re-seeding keeps it retired (its seeded credential still cannot register it).
+    await tenants.seed_cluster(seeded, small_cluster())
+    refused = await api.post("/v1/nodes/register", json=registration("h1"), headers=H1)
+    assert refused.status_code == 409 and "retired" in fields(refused)["node_id"]
+    audit = (await api.get("/v1/audit", params={"target": "node:h1"}, headers=ADMIN)).json()
+    assert any(e["action"] == "node.retire" and e["before"] == {"state": "READY"} and e["after"] == {"state": "RETIRED"} for e in audit)
+
+    # Enrolled again: back as DOWN, then READY once its agent registers with the new credential.
+    again = await api.post("/v1/nodes", json={"node_id": "h1", "gpu_type": "H100-80GB", "gpu_count": 8}, headers=ADMIN)
+    assert again.status_code == 201
+    assert (await nodes.get_node(seeded, "h1")).state == "DOWN"  # type: ignore[union-attr]
+    assert (await api.post("/v1/nodes/register", json=registration("h1"), headers=auth(again.json()["token"]))).json()["accepted"]
+    assert (await nodes.get_node(seeded, "h1")).state == "READY"  # type: ignore[union-attr]
+    assert (await tenants.fleet_shape(seeded)).shapes["H100-80GB"] == {8: 2}
