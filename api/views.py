@@ -68,8 +68,9 @@ log = logging.getLogger("fairgang.api.views")
 
 #: A view is recomputed when the store's version moves, and at least this often while it is asked for.
 MAX_AGE_S = 5.0
-#: A view whose last computation cost less CPU than this is recomputed for a request after a change.
-QUICK_CPU_S = 0.1
+#: When all views' last computations together cost less CPU than this (a small fleet), a request after a change
+#: waits for its recomputation.
+QUICK_CPU_S = 0.2
 #: A first computation that cost less CPU than this is repeated at once to learn the view's steady cost.
 CALIBRATE_CPU_S = 1.0
 #: How long a request waits for a view's first computation (the worker's start included).
