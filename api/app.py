@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -18,7 +18,7 @@ from starlette.routing import Match, Route
 
 from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens
 from api.deps import AppState, State, log
-from api.limits import PROBLEM_JSON, BodySizeLimit, problem
+from api.limits import PROBLEM_JSON, BodySizeLimit, known_query_only, problem
 from api.schemas import ERRORS
 from api.views import ViewUnavailable
 from fairgang import __version__
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(app.state.fairgang.views.close)
             await db.dispose()
 
-    app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan, responses=ERRORS)
+    app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan, responses=ERRORS, dependencies=[Depends(known_query_only)])
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(fleet.router)

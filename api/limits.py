@@ -13,6 +13,9 @@
   ``Retry-After``. Each API process keeps its own buckets: with N processes (``fairgang api
   --workers N``) a tenant may submit up to N times its rate.
 
+- **Query parameters** (:func:`known_query_only`): a parameter the route does not declare is answered 422
+  with its name, never silently ignored (a misspelt filter would otherwise return everything).
+
 All answer with a problem details body (RFC 9457): ``type``, ``title``, ``status``, ``detail``.
 """
 
@@ -25,6 +28,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from http import HTTPStatus
 from typing import Any
+
+from fastapi import Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -160,3 +168,32 @@ class AuthThrottle:
         self._failures[client] = times
         while len(times) > max(self.per_minute, 1):
             times.popleft()
+
+
+_KNOWN_QUERY: dict[int, frozenset[str]] = {}
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def _declared_query(route: APIRoute) -> frozenset[str]:
+    known = _KNOWN_QUERY.get(id(route))
+    if known is None:
+        known = _KNOWN_QUERY[id(route)] = frozenset(_query_names(route.dependant))
+    return known
+
+
+async def known_query_only(request: Request) -> None:
+    """An app-wide dependency: refuse (422, each named) query parameters the route does not declare."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    unknown = sorted(set(request.query_params) - _declared_query(route))
+    if unknown:
+        raise RequestValidationError(
+            [{"loc": ("query", name), "msg": "unknown query parameter", "type": "extra_forbidden"} for name in unknown]
+        )

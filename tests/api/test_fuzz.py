@@ -4,8 +4,12 @@ busy, is an answer), and every answer is one the spec declares: its status code,
 body schema (errors: RFC 9457 problem details), the Allow header of a 405, a refusal without the token. About
 1,100 cases: 15 per operation and token.
 
-Left out of schemathesis' checks: positive and negative data acceptance (a schema-valid spec may still be
-refused by admission, for a GPU type the fleet lacks; Temporal is unreachable here) and the stateful ones.
+Every check schemathesis has (``--checks all``): not a server error; status code, content type, headers and
+schema conformance; negative data rejected and positive data accepted; a missing required header; an
+unsupported method answered 405 with its Allow header; use after free and resource availability; auth not
+ignored; object-level authorization. Valid data may also be answered 422 (admission refuses a schema-valid
+spec the fleet or the tenant's policy cannot take: a GPU type the fleet lacks, more GPUs than the policy's
+maximum) and 503 (Temporal is unreachable here).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
+from schemathesis.config import SchemathesisConfig
 from sqlalchemy.pool import NullPool
 
 from api.app import create_app
@@ -46,15 +51,17 @@ _SETTINGS = Settings(database_url=_URL, temporal_address="127.0.0.1:1", log_dir=
 APP = create_app(_SETTINGS)
 # Each generated call runs in an event loop of its own: no connection may outlive one.
 APP.state.fairgang = AppState(settings=_SETTINGS, db=Database(_URL, poolclass=NullPool))
-schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+#: Valid data refused by admission (422) is an answer the spec declares, not a rejection of the data's shape;
+#: a 503 (Temporal unreachable, with Retry-After: checked below) is the platform's answer, not a crash.
+CHECK_CONFIG = {
+    "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "503"]},
+    "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429", "503"]},
+}
+CONFIG = SchemathesisConfig.from_dict({"checks": CHECK_CONFIG})
+schema = schemathesis.openapi.from_asgi("/openapi.json", APP, config=CONFIG)
 checks.load_all_checks()
-CONFORMANCE = ("status_code_conformance", "content_type_conformance", "response_headers_conformance", "response_schema_conformance")
-CHECKS = [
-    c
-    for c in checks.CHECKS.get_all()
-    if c.__name__ in (*CONFORMANCE, "allow_header_conformance", "missing_required_header", "ignored_auth")
-]
-assert len(CHECKS) == 7, [c.__name__ for c in CHECKS]
+CHECKS = checks.CHECKS.get_all()
+assert len(CHECKS) >= 14, [c.__name__ for c in CHECKS]
 
 
 @pytest.mark.parametrize("token", ["alpha-token", "admin-token"])

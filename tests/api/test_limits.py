@@ -123,3 +123,13 @@ def test_a_submission_bucket_refills_at_the_tenants_rate_up_to_its_burst() -> No
     now[0] = 1000.0  # long idle: the bucket holds its burst, no more
     assert [buckets.take("a", 6.0, 2) for _ in range(3)] == [None, None, 10]
     assert buckets.take("b", 6.0, 2) is None
+
+
+async def test_a_query_parameter_the_route_does_not_declare_is_refused_with_its_name(api: httpx.AsyncClient) -> None:
+    alpha = {"Authorization": "Bearer alpha-token"}
+    misspelt = await api.get("/v1/jobs", params={"stat": "RUNNING", "limit": 5}, headers=alpha)
+    assert misspelt.status_code == 422 and misspelt.headers["content-type"] == "application/problem+json"
+    assert misspelt.json()["problems"] == [{"field": "query.stat", "reason": "unknown query parameter"}]
+    # Declared ones, of the route and of its dependencies, pass.
+    assert (await api.get("/v1/jobs", params={"state": "RUNNING", "limit": 5}, headers=alpha)).status_code == 200
+    assert (await api.get("/v1/audit", params={"target": "node:h1"}, headers={"Authorization": "Bearer admin-token"})).status_code == 200
