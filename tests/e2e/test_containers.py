@@ -38,7 +38,7 @@ def _podman_problem(conf: Path, work: Path) -> str | None:
         data = Path(shutil.which("busybox") or "").read_bytes()
         busybox.size, busybox.mode = len(data), 0o755
         tar.addfile(busybox, fileobj=io.BytesIO(data))
-        for applet in ("sh", "sleep", "echo", "cat", "ls"):
+        for applet in ("sh", "sleep", "echo", "cat", "ls", "grep", "touch", "id"):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
@@ -112,6 +112,26 @@ def test_container_runs_the_image_with_env_and_checkpoint_mount(podman_platform:
     assert (p.data_dir / "checkpoints" / "ckpt" / "alpha" / "boxed" / "LATEST").read_text().strip() == "step-1"
     assert done["latest_checkpoint"] == "/ckpt/alpha/boxed/step-1"
     assert f"fg-{done['allocation']['id']}" not in containers(p)
+
+
+def test_a_container_member_has_no_capabilities_no_way_to_gain_privileges_and_a_read_only_root(podman_platform: Platform) -> None:
+    p = podman_platform
+    script = (
+        'grep -E "^(CapEff|CapPrm|CapBnd|NoNewPrivs):" /proc/self/status; '
+        "touch /etc/owned 2>/dev/null && echo root=writable || echo root=read-only; "
+        'touch /tmp/scratch && echo tmp=writable; touch "$CHECKPOINT_DIR/mine" && echo ckpt=writable; '
+        "ls /checkpoints 2>/dev/null || echo other-mounts=none"
+    )
+    job = p.submit(container_spec("privileges", script))
+    done = p.wait_for(job["id"], TERMINAL, timeout=120)
+    assert done["state"] == "SUCCEEDED", (done, p.logs())
+    with p.client("alpha-token") as http:
+        log = http.get(f"/v1/jobs/{job['id']}/logs").text
+    lines = dict(line.replace(":\t", "=").split("=", 1) for line in log.split("\n") if "=" in line or ":\t" in line)
+    for caps in ("CapEff", "CapPrm", "CapBnd"):
+        assert int(lines[caps], 16) == 0, (caps, lines)
+    assert lines["NoNewPrivs"] == "1" and lines["root"] == "read-only", lines
+    assert lines["tmp"] == "writable" and lines["ckpt"] == "writable" and lines["other-mounts"] == "none", lines
 
 
 @pytest.mark.parametrize(("handles_term", "expect"), [(True, "got TERM"), (False, "")])
