@@ -134,9 +134,17 @@ async def job_logs(
     tail: int | None = Query(default=None, ge=1, description="Only the last N lines."),
 ) -> PlainTextResponse:
     job = await visible_job(state, who, job_id)
-    path = log_path(state.settings.log_dir, job.id, attempt or job.attempt, rank)
+    attempt = attempt or job.attempt
+    if attempt > job.attempt:
+        raise HTTPException(404, f"job {job.id} has no attempt {attempt} (its latest is {job.attempt})")
+    if rank > 0:
+        placed = [a for a in await stored_jobs.job_allocations(state.db, job.id) if a.attempt == attempt]
+        ranks = max((len(a.members) for a in placed), default=1)
+        if rank >= ranks:
+            raise HTTPException(404, f"attempt {attempt} of job {job.id} has no rank {rank} (ranks 0-{ranks - 1})")
+    path = log_path(state.settings.log_dir, job.id, attempt, rank)
     if not path.exists():
-        return PlainTextResponse("")
+        return PlainTextResponse("")  # not started yet, or nothing written
     text = path.read_text(errors="replace")
     if tail is not None:
         text = "".join(text.splitlines(keepends=True)[-tail:])
@@ -145,10 +153,14 @@ async def job_logs(
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
 async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
-    """Ask the job's workflow to stop it (processes get SIGTERM, then SIGKILL after the grace period)."""
+    """Ask the job's workflow to stop it (processes get SIGTERM, then SIGKILL after the grace period).
+
+    Cancelling a cancelled job again answers it as it is; a job that ended otherwise is 409: nothing to cancel."""
     job = await visible_job(state, who, job_id)
-    if JobState(job.state).terminal:
+    if job.state == JobState.CANCELLED.value:
         return JobPublic.of(job)
+    if JobState(job.state).terminal:
+        raise HTTPException(409, f"job {job.id} has already ended ({job.state}): nothing to cancel")
     reason = "cancelled by admin" if who.admin else f"cancelled by tenant {who.tenant}"
     if not job.workflow_started:
         # No workflow yet: nothing runs, so the store alone can end it.

@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from fairgang.cluster import node_credential
+from fairgang.members import PlacedMember
 from fairgang.settings import Settings
+from fairgang.spec import JobState
 from store import jobs, placement
 from store.db import Database
 from tests.builders import spec_dict
@@ -231,3 +233,36 @@ async def test_every_error_is_one_problem_shape_and_every_route_declares_the_err
             for code in ("401", "403", "404", "422", "429", "503"):
                 schema = declared.get(code, {}).get("content", {}).get("application/problem+json", {}).get("schema")
                 assert schema == {"$ref": "#/components/schemas/Problem"}, (method, path, code, declared.get(code))
+
+
+async def test_cancel_of_an_ended_job_is_409_and_of_a_cancelled_one_answers_it_as_it_is(api: httpx.AsyncClient, seeded: Database) -> None:
+    done = (await api.post("/v1/jobs", json=spec_dict(name="done"), headers=ALPHA)).json()["job"]
+    await jobs.record_transition(seeded, job_id=done["id"], attempt=1, state=JobState.SUCCEEDED, event_key="end-1")
+    refused = await api.post(f"/v1/jobs/{done['id']}/cancel", headers=ALPHA)
+    assert refused.status_code == 409 and "already ended (SUCCEEDED)" in refused.json()["detail"]
+    gone = (await api.post("/v1/jobs", json=spec_dict(name="gone"), headers=ALPHA)).json()["job"]
+    assert (await api.post(f"/v1/jobs/{gone['id']}/cancel", headers=ALPHA)).json()["state"] == "CANCELLED"
+    again = await api.post(f"/v1/jobs/{gone['id']}/cancel", headers=ALPHA)
+    assert again.status_code == 200 and again.json()["state"] == "CANCELLED"
+
+
+async def test_logs_of_an_attempt_or_rank_the_job_never_had_are_404(api: httpx.AsyncClient, seeded: Database) -> None:
+    job = (await api.post("/v1/jobs", json=spec_dict(name="logged", gpu_count=16), headers=ALPHA)).json()["job"]
+    # Not started yet: the current attempt's log is empty, not missing.
+    assert (await api.get(f"/v1/jobs/{job['id']}/logs", headers=ALPHA)).text == ""
+    no_attempt = await api.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": 2}, headers=ALPHA)
+    assert no_attempt.status_code == 404 and "no attempt 2 (its latest is 1)" in no_attempt.json()["detail"]
+    await jobs.mark_queued(seeded, job_id=job["id"], attempt=1)
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="test", ttl_s=60)
+    assert epoch is not None
+    members = [PlacedMember(node_id=n, gpu_indices=list(range(8)), rank=r) for r, n in enumerate(("h1", "h2"))]
+    await placement.commit_bindings(
+        seeded,
+        bindings=[placement.BindingRow(job_id=job["id"], attempt=1, members=members)],
+        pending_reasons={},
+        lease_name="placement",
+        epoch=epoch,
+    )
+    assert (await api.get(f"/v1/jobs/{job['id']}/logs", params={"rank": 1}, headers=ALPHA)).status_code == 200
+    no_rank = await api.get(f"/v1/jobs/{job['id']}/logs", params={"rank": 2}, headers=ALPHA)
+    assert no_rank.status_code == 404 and "has no rank 2 (ranks 0-1)" in no_rank.json()["detail"]
