@@ -54,6 +54,17 @@ def gang_fits_shape(count: int, shapes: dict[int, int]) -> bool:
     return any(count % per_node == 0 and count // per_node <= nodes for per_node, nodes in shapes.items())
 
 
+def gang_shape_problem(count: int, gpu_type: str, shapes: dict[int, int]) -> str:
+    """Why ``count`` GPUs can never be placed (``gang_fits_shape`` is false): more than the fleet has, or not
+    whole nodes of one size."""
+    total = sum(per_node * nodes for per_node, nodes in shapes.items())
+    desc = ", ".join(f"{n} node(s) of {g}" for g, n in sorted(shapes.items()))
+    if count > total:
+        return f"{count} {gpu_type} GPUs is more than the fleet has: {total} in all ({desc})"
+    sizes = ", ".join(f"a multiple of {g} up to {g * n}" for g, n in sorted(shapes.items()))
+    return f"{count} {gpu_type} GPUs is not whole nodes: a job larger than one node takes whole nodes of one size ({sizes}; {desc})"
+
+
 def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> list[SpecProblem]:
     """Every reason this tenant may not submit this job; empty when admitted."""
     problems: list[SpecProblem] = []
@@ -65,14 +76,7 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
         allowed = ", ".join(sorted(tenant.allowed_gpu_types))
         problems.append(SpecProblem(field="gpu_type", reason=f"tenant '{tenant.name}' may not use {spec.gpu_type} (allowed: {allowed})"))
     if shapes is not None and not gang_fits_shape(spec.gpu_count, shapes):
-        desc = ", ".join(f"{n} node(s) of {g}" for g, n in sorted(shapes.items()))
-        problems.append(
-            SpecProblem(
-                field="gpu_count",
-                reason=f"{spec.gpu_count} {spec.gpu_type} GPUs can never be placed: it must fit one node or be a "
-                f"multiple of a node's GPUs ({desc})",
-            )
-        )
+        problems.append(SpecProblem(field="gpu_count", reason=gang_shape_problem(spec.gpu_count, spec.gpu_type, shapes)))
     elif shapes is not None and spec.topology.level == "node" and spec.topology.mode == "required" and spec.gpu_count > max(shapes):
         problems.append(SpecProblem(field="topology.level", reason=f"{spec.gpu_count} GPUs do not fit on one node (at most {max(shapes)})"))
     if spec.gpu_count > tenant.max_gpus_per_job:

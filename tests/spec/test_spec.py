@@ -72,8 +72,8 @@ def test_spec_that_is_not_a_mapping_is_refused() -> None:
     [
         ({"gpu_type": "TPU-v5"}, "gpu_type", "unknown GPU type 'TPU-v5'"),
         ({"gpu_type": "L40S", "checkpoint_dir": "/ckpt/alpha/x"}, "gpu_type", "may not use L40S"),
-        ({"gpu_count": 12}, "gpu_count", "can never be placed"),
-        ({"gpu_count": 24}, "gpu_count", "can never be placed"),
+        ({"gpu_count": 12}, "gpu_count", "12 H100-80GB GPUs is not whole nodes: a job larger than one node takes whole nodes"),
+        ({"gpu_count": 24}, "gpu_count", "24 H100-80GB GPUs is more than the fleet has: 16 in all"),
         ({"max_runtime": "30h"}, "max_runtime", "over tenant 'alpha' limit of 1d"),
         ({"checkpoint_dir": "/ckpt/beta/x"}, "checkpoint_dir", "/ckpt/alpha"),
         ({"checkpoint_dir": "/ckpt/alphabet"}, "checkpoint_dir", "/ckpt/alpha"),
