@@ -292,7 +292,7 @@ def _shape_info(ws: Workspace, job: PendingJob) -> ShapeInfo:
 def _over_quota(cycle: Cycle, job: PendingJob) -> PendingReason:
     book = cycle.book
     tenant = book.tenant(job.tenant)
-    key = (job.tenant, job.gpu_type, tenant.version)
+    key = (job.tenant, job.gpu_type, tenant.version, job.gpu_count)
     found = cycle.quota_reasons.get(key)
     if found is None:
         quota = book.quota(job.tenant, job.gpu_type)
@@ -300,6 +300,7 @@ def _over_quota(cycle: Cycle, job: PendingJob) -> PendingReason:
             Pending.OVER_QUOTA,
             tenant=job.tenant,
             used=book.used(job.tenant, job.gpu_type),
+            count=job.gpu_count,
             gpu_type=job.gpu_type,
             nominal=quota.nominal,
             cohort=tenant.cohort,
@@ -318,14 +319,17 @@ def _fit_key(upper: tuple[str, ...], pool: Pool, job: PendingJob) -> tuple[str, 
     return (job.gpu_type, -1 if cap is None else cap, False)
 
 
-def no_fit_reason(job: PendingJob, pool: Pool, holds: tuple[str, ...] = (), start_at: float = 0.0) -> PendingReason:
+def no_fit_reason(
+    job: PendingJob, pool: Pool, holds: tuple[str, ...] = (), start_at: float = 0.0, now: float = 0.0
+) -> PendingReason:
     """Why a job that an emptier fleet could hold does not fit now (and the reservation it holds, if any)."""
     if not pool.nodes:
         return pending_reason(Pending.NO_SCHEDULABLE_NODE, gpu_type=job.gpu_type)
+    held = {"holds": holds, "start_at": start_at, "now": now}
     if job.gpu_count <= pool.max_size:
-        return pending_reason(Pending.NO_FREE_NODE, gpu_type=job.gpu_type, count=job.gpu_count, holds=holds, start_at=start_at)
+        return pending_reason(Pending.NO_FREE_NODE, gpu_type=job.gpu_type, count=job.gpu_count, **held)
     level = job.topology_level if job.topology_level != "any" and job.topology_required else None
-    return pending_reason(Pending.NO_FREE_DOMAIN, gpu_type=job.gpu_type, count=job.gpu_count, level=level, holds=holds, start_at=start_at)
+    return pending_reason(Pending.NO_FREE_DOMAIN, gpu_type=job.gpu_type, count=job.gpu_count, level=level, **held)
 
 
 def _blocking_holder(pool: Pool, ws: Workspace, members: tuple[Member, ...], job: PendingJob) -> str:
@@ -423,7 +427,7 @@ def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:
         pool.holds[node.ord] = hold
     res = Reservation(job_id=job.id, node_ids=tuple(sorted(n.id for n in nodes)), start_at=start_at)
     cycle.easy[job.gpu_type] = (job, res)
-    cycle.reasons[job.id] = no_fit_reason(job, pool, holds=res.node_ids, start_at=start_at)
+    cycle.reasons[job.id] = no_fit_reason(job, pool, holds=res.node_ids, start_at=start_at, now=cycle.now)
     return True
 
 

@@ -11,6 +11,7 @@ the way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -36,12 +37,14 @@ class Pending(StrEnum):
     PREEMPTING = "preempting"
     #: No node of its GPU type is schedulable now [gpu_type].
     NO_SCHEDULABLE_NODE = "no_schedulable_node"
-    #: No node has enough free GPUs for a single-node job [gpu_type, count; holds, start_at when it holds the reservation].
+    #: No node has enough free GPUs for a single-node job [gpu_type, count; holds, start_at, now when it holds the
+    #: reservation].
     NO_FREE_NODE = "no_free_node"
     #: No topology domain has enough wholly free nodes for a gang [gpu_type, count, level (None: any);
-    #: holds, start_at when it holds the reservation].
+    #: holds, start_at, now when it holds the reservation].
     NO_FREE_DOMAIN = "no_free_domain"
-    #: Its tenant's quota does not admit it [tenant, used, gpu_type, nominal, cohort, borrow_limit].
+    #: Its tenant's quota does not admit it [tenant, used, count, gpu_type, nominal, cohort, borrow_limit]: the text
+    #: names what holds it: its guarantee (no cohort to borrow from), its borrowing limit, or its cohort's idle quota.
     OVER_QUOTA = "over_quota"
     #: It would fit but for another job's reservation [holder].
     RESERVED = "reserved"
@@ -96,13 +99,13 @@ def reason_text(code: Pending, **facts: Any) -> str:
             where = f" in one {f['level']}" if f.get("level") else ""
             return f"no topology domain fits: not enough wholly free {f['gpu_type']} nodes{where} for {f['count']} GPUs" + _holding(f)
         case Pending.OVER_QUOTA:
+            head = f"over quota: tenant {f['tenant']} uses {f['used']} {f['gpu_type']} GPUs and asks for {f['count']} more"
             if f["cohort"] is None:
-                limit = "no borrowing"
-            elif f["borrow_limit"] is None:
-                limit = "unlimited borrowing"
-            else:
-                limit = f"borrow limit {f['borrow_limit']}"
-            return f"over quota: tenant {f['tenant']} uses {f['used']} {f['gpu_type']} GPUs, nominal {f['nominal']}, {limit}"
+                return f"{head}; its guarantee is {f['nominal']} and it has no cohort to borrow from"
+            limit = f["borrow_limit"]
+            if limit is not None and f["used"] + f["count"] > f["nominal"] + limit:
+                return f"{head}; its guarantee of {f['nominal']} plus its borrowing limit of {limit} allow {f['nominal'] + limit}"
+            return f"{head}; beyond its guarantee of {f['nominal']}, cohort {f['cohort']} has no idle {f['gpu_type']} quota to lend"
         case Pending.RESERVED:
             return f"reserved behind job {f['holder']}"
 
@@ -113,4 +116,22 @@ def _holding(facts: dict[str, Any]) -> str:
     if not node_ids:
         return ""
     listed = ", ".join(node_ids) if len(node_ids) <= 4 else f"{', '.join(node_ids[:4])} and {len(node_ids) - 4} more"
-    return f"; holds a reservation on {listed} from t={facts['start_at']:.0f}"
+    return f"; holds a reservation on {listed} from {clock_time(facts['start_at'], facts.get('now', 0.0))}"
+
+
+def clock_time(at: float, now: float) -> str:
+    """``at`` as a UTC clock time and how far from ``now``: "14:30 UTC, in 20 min" (the date too when it is
+    another day: "2026-12-03 02:00 UTC, in 14 h 5 min")."""
+    moment, today = datetime.fromtimestamp(at, UTC), datetime.fromtimestamp(now, UTC)
+    stamp = moment.strftime("%H:%M UTC") if moment.date() == today.date() else moment.strftime("%Y-%m-%d %H:%M UTC")
+    return f"{stamp}, {_from_now(at - now)}"
+
+
+def _from_now(seconds: float) -> str:
+    if seconds < 60:
+        return "now" if seconds <= 0 else "in under a minute"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"in {minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"in {hours} h" + (f" {minutes} min" if minutes else "")

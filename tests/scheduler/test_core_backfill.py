@@ -19,7 +19,7 @@ def test_a_head_that_cannot_fit_reserves_the_node_that_frees_earliest() -> None:
     decisions = run_cycle(snap(nodes, [job("big", 8)], running_jobs=busy), 0.0)
     assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=H),)
     assert decisions.pending_codes["big"] == Pending.NO_FREE_NODE
-    assert decisions.pending_reasons["big"] == "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from t=3600"
+    assert decisions.pending_reasons["big"] == "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from 01:00 UTC, in 1 h"
 
 
 def test_a_job_that_ends_before_the_shadow_time_backfills_onto_reserved_gpus() -> None:
@@ -88,7 +88,7 @@ def test_the_reservation_carried_to_the_next_cycle_goes_to_the_longest_waiting_b
     assert (decisions.pending_codes["gang"], decisions.pending_codes["fresh1"]) == (Pending.NO_FREE_DOMAIN, Pending.NO_FREE_NODE)
     assert decisions.pending_reasons["gang"] == (
         "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs; "
-        "holds a reservation on l1-n0, l1-n1 from t=25200"
+        "holds a reservation on l1-n0, l1-n1 from 07:00 UTC, in 2 h"
     )
     assert decisions.pending_reasons["fresh1"] == "no H100 node has 4 free GPUs"
 

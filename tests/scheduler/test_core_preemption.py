@@ -112,7 +112,10 @@ def test_every_waiting_job_has_a_reason_naming_what_it_waits_for() -> None:
     reasons = decisions.pending_reasons
     assert set(reasons) == {"over", "wide"} and [b.job_id for b in decisions.binds] == ["fits"]
     assert decisions.pending_codes == {"over": Pending.OVER_QUOTA, "wide": Pending.DOMAIN_TOO_SMALL}
-    assert reasons["over"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, no borrowing"
+    assert (
+        reasons["over"]
+        == "over quota: tenant a uses 8 H100 GPUs and asks for 8 more; its guarantee is 8 and it has no cohort to borrow from"
+    )
     assert reasons["wide"] == "node shape can never fit: the largest leaf has 16 H100 GPUs, the job needs 24"
 
 
@@ -124,7 +127,7 @@ def test_a_job_behind_a_reservation_names_the_holder_and_a_gang_without_a_domain
     assert decisions.pending_codes["gang"] == Pending.NO_FREE_DOMAIN
     assert decisions.pending_reasons["gang"] == (
         "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs; "
-        "holds a reservation on l1-n0, l1-n1 from t=3600"
+        "holds a reservation on l1-n0, l1-n1 from 01:00 UTC, in 1 h"
     )
     assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=H),)
     assert placed(decisions) == {"long": [("l2-n1", tuple(range(8)))]}

@@ -15,13 +15,19 @@ def test_a_tenant_without_cohort_cannot_go_beyond_nominal_even_on_an_idle_fleet(
     decisions = run_cycle(snap(leaf_nodes("l1", 2), [job("j1", 8), job("j2", 8, queued_at=1)], tenants=[tenant("a", nominal=8)]), 0.0)
     assert list(placed(decisions)) == ["j1"]
     assert decisions.pending_codes["j2"] == Pending.OVER_QUOTA
-    assert decisions.pending_reasons["j2"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, no borrowing"
+    assert (
+        decisions.pending_reasons["j2"]
+        == "over quota: tenant a uses 8 H100 GPUs and asks for 8 more; its guarantee is 8 and it has no cohort to borrow from"
+    )
 
 
 def test_a_tenant_unknown_to_a_snapshot_with_tenants_gets_nothing() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 1), [job("j", 1, tenant="ghost")], tenants=[tenant("a", nominal=8)]), 0.0)
     assert decisions.binds == () and decisions.pending_codes["j"] == Pending.OVER_QUOTA
-    assert decisions.pending_reasons["j"] == "over quota: tenant ghost uses 0 H100 GPUs, nominal 0, no borrowing"
+    assert (
+        decisions.pending_reasons["j"]
+        == "over quota: tenant ghost uses 0 H100 GPUs and asks for 1 more; its guarantee is 0 and it has no cohort to borrow from"
+    )
 
 
 def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrow_limit() -> None:
@@ -30,7 +36,9 @@ def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrow_limit() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants), 0.0)
     assert sorted(placed(decisions)) == ["a0", "a1"]
     assert decisions.pending_codes["a2"] == Pending.OVER_QUOTA
-    assert decisions.pending_reasons["a2"] == "over quota: tenant a uses 16 H100 GPUs, nominal 8, borrow limit 8"
+    assert decisions.pending_reasons["a2"] == (
+        "over quota: tenant a uses 16 H100 GPUs and asks for 8 more; its guarantee of 8 plus its borrowing limit of 8 allow 16"
+    )
 
 
 def test_the_lend_limit_caps_what_a_cohort_member_lends() -> None:
@@ -39,7 +47,9 @@ def test_the_lend_limit_caps_what_a_cohort_member_lends() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants), 0.0)
     assert sorted(placed(decisions)) == ["a0", "a1"]
     assert decisions.pending_codes["a2"] == Pending.OVER_QUOTA
-    assert decisions.pending_reasons["a2"] == "over quota: tenant a uses 12 H100 GPUs, nominal 8, unlimited borrowing"
+    assert decisions.pending_reasons["a2"] == (
+        "over quota: tenant a uses 12 H100 GPUs and asks for 1 more; beyond its guarantee of 8, cohort c has no idle H100 quota to lend"
+    )
 
 
 def test_only_idle_quota_is_lent_and_never_across_cohorts() -> None:
@@ -48,7 +58,9 @@ def test_only_idle_quota_is_lent_and_never_across_cohorts() -> None:
     decisions = run_cycle(snap(leaf_nodes("l1", 4), [job("a0", 8), job("a1", 8, queued_at=1)], running_jobs=[busy], tenants=tenants), 0.0)
     assert list(placed(decisions)) == ["a0"]
     assert decisions.pending_codes["a1"] == Pending.OVER_QUOTA
-    assert decisions.pending_reasons["a1"] == "over quota: tenant a uses 8 H100 GPUs, nominal 8, unlimited borrowing"
+    assert decisions.pending_reasons["a1"] == (
+        "over quota: tenant a uses 8 H100 GPUs and asks for 8 more; beyond its guarantee of 8, cohort c has no idle H100 quota to lend"
+    )
 
 
 def test_an_owner_with_queued_work_within_its_guarantee_reclaims_borrowed_gpus() -> None:

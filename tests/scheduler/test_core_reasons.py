@@ -38,8 +38,8 @@ TEXTS: list[tuple[Pending, dict[str, Any], str]] = [
     (Pending.NO_FREE_NODE, {"gpu_type": "H100", "count": 8}, "no H100 node has 8 free GPUs"),
     (
         Pending.NO_FREE_NODE,
-        {"gpu_type": "H100", "count": 8, "holds": ("l1-n1",), "start_at": 3600.4},
-        "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from t=3600",
+        {"gpu_type": "H100", "count": 8, "holds": ("l1-n1",), "start_at": 3600.4, "now": 1800.0},
+        "no H100 node has 8 free GPUs; holds a reservation on l1-n1 from 01:00 UTC, in 30 min",
     ),
     (
         Pending.NO_FREE_DOMAIN,
@@ -48,23 +48,34 @@ TEXTS: list[tuple[Pending, dict[str, Any], str]] = [
     ),
     (
         Pending.NO_FREE_DOMAIN,
-        {"gpu_type": "H100", "count": 40, "level": None, "holds": ("a", "b", "c", "d", "e", "f"), "start_at": 25200.0},
-        "no topology domain fits: not enough wholly free H100 nodes for 40 GPUs; holds a reservation on a, b, c, d and 2 more from t=25200",
+        {"gpu_type": "H100", "count": 40, "level": None, "holds": ("a", "b", "c", "d", "e", "f"), "start_at": 25200.0, "now": 0.0},
+        "no topology domain fits: not enough wholly free H100 nodes for 40 GPUs; holds a reservation on a, b, c, d and 2 more "
+        "from 07:00 UTC, in 7 h",
+    ),
+    (
+        Pending.NO_FREE_NODE,
+        {"gpu_type": "H100", "count": 8, "holds": ("n1",), "start_at": 1796263200.0, "now": 1796212500.0},
+        "no H100 node has 8 free GPUs; holds a reservation on n1 from 2026-12-03 02:00 UTC, in 14 h 5 min",
     ),
     (
         Pending.OVER_QUOTA,
-        {"tenant": "a", "used": 8, "gpu_type": "H100", "nominal": 8, "cohort": None, "borrow_limit": None},
-        "over quota: tenant a uses 8 H100 GPUs, nominal 8, no borrowing",
+        {"tenant": "a", "used": 8, "count": 8, "gpu_type": "H100", "nominal": 8, "cohort": None, "borrow_limit": None},
+        "over quota: tenant a uses 8 H100 GPUs and asks for 8 more; its guarantee is 8 and it has no cohort to borrow from",
     ),
     (
         Pending.OVER_QUOTA,
-        {"tenant": "a", "used": 16, "gpu_type": "H100", "nominal": 8, "cohort": "c", "borrow_limit": 8},
-        "over quota: tenant a uses 16 H100 GPUs, nominal 8, borrow limit 8",
+        {"tenant": "a", "used": 16, "count": 8, "gpu_type": "H100", "nominal": 8, "cohort": "c", "borrow_limit": 8},
+        "over quota: tenant a uses 16 H100 GPUs and asks for 8 more; its guarantee of 8 plus its borrowing limit of 8 allow 16",
     ),
     (
         Pending.OVER_QUOTA,
-        {"tenant": "b", "used": 3, "gpu_type": "L40S", "nominal": 0, "cohort": "c", "borrow_limit": None},
-        "over quota: tenant b uses 3 L40S GPUs, nominal 0, unlimited borrowing",
+        {"tenant": "a", "used": 8, "count": 4, "gpu_type": "H100", "nominal": 8, "cohort": "c", "borrow_limit": 8},
+        "over quota: tenant a uses 8 H100 GPUs and asks for 4 more; beyond its guarantee of 8, cohort c has no idle H100 quota to lend",
+    ),
+    (
+        Pending.OVER_QUOTA,
+        {"tenant": "b", "used": 3, "count": 1, "gpu_type": "L40S", "nominal": 0, "cohort": "c", "borrow_limit": None},
+        "over quota: tenant b uses 3 L40S GPUs and asks for 1 more; beyond its guarantee of 0, cohort c has no idle L40S quota to lend",
     ),
     (Pending.RESERVED, {"holder": "gang"}, "reserved behind job gang"),
 ]

@@ -69,14 +69,17 @@ def test_cordoned_nodes_and_unhealthy_gpus_are_never_used() -> None:
     decisions = run_cycle(snap(nodes, [job("a", 3, queued_at=0), job("b", 1, queued_at=1)]), 5.0)
     assert placed(decisions) == {"a": [("sick", (0, 1, 2))]}
     assert decisions.pending_codes["b"] == Pending.NO_FREE_NODE
-    assert decisions.pending_reasons["b"] == "no H100 node has 1 free GPUs; holds a reservation on sick from t=3605"
+    assert decisions.pending_reasons["b"] == "no H100 node has 1 free GPUs; holds a reservation on sick from 01:00 UTC, in 1 h"
 
 
 def test_a_gpu_held_by_a_running_job_is_never_bound_even_if_the_view_says_free() -> None:
     busy = running("r", {"n": (0, 1, 2, 3, 4, 5, 6)})
     snapshot = Snapshot(nodes=(node("n"),), pending=(job("j", 2),), running=(busy,))  # the view wrongly lists all 8 free
     decisions = run_cycle(snapshot, 0.0)
-    assert decisions.binds == () and decisions.pending_reasons["j"] == "no H100 node has 2 free GPUs; holds a reservation on n from t=3600"
+    assert (
+        decisions.binds == ()
+        and decisions.pending_reasons["j"] == "no H100 node has 2 free GPUs; holds a reservation on n from 01:00 UTC, in 1 h"
+    )
 
 
 def test_a_job_bigger_than_any_node_shape_can_never_fit() -> None:
