@@ -84,7 +84,7 @@ class Cycle:
     #: (GPU type, tenant) -> the lowest priority among its jobs that may be victims this cycle (built on first need).
     own_lowest: dict[tuple[str, str], int] = field(default_factory=dict)
     #: (tenant, GPU type, the tenant's usage version) -> its "over quota" reason.
-    quota_reasons: dict[tuple[str, str, int], PendingReason] = field(default_factory=dict)
+    quota_reasons: dict[tuple[str, str, int, int], PendingReason] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
