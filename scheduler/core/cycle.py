@@ -83,7 +83,7 @@ class Cycle:
     shapes: dict[tuple[str, int, str, bool], ShapeInfo] = field(default_factory=dict)
     #: (GPU type, tenant) -> the lowest priority among its jobs that may be victims this cycle (built on first need).
     own_lowest: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: (tenant, GPU type, the tenant's usage version) -> its "over quota" reason.
+    #: (tenant, GPU type, the tenant's usage version, the job's GPU count) -> its "over quota" reason.
     quota_reasons: dict[tuple[str, str, int, int], PendingReason] = field(default_factory=dict)
 
 
