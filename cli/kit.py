@@ -54,6 +54,11 @@ def ts(value: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(value)) if value else "-"
 
 
+def date_time(value: float | None) -> str:
+    """A moment with its date, in local time and its zone: "2026-12-03 02:00 UTC"."""
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(value)) if value else "-"
+
+
 def emit(data: Any, output: str, table: Any) -> None:
     if output == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")

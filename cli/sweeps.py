@@ -11,13 +11,13 @@ import typer
 import yaml
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console, err_console
+from cli.kit import ApiUrl, Output, Token, console, date_time, err_console
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
 from cli.kit import fail as _fail
 from cli.kit import ts as _ts
-from fairgang.durations import parse_duration
+from fairgang.durations import format_duration, parse_duration
 from fairgang.spec import SpecError
 from fairgang.sweeps import load_schedule_text, load_sweep_text
 
@@ -133,8 +133,8 @@ def sweep_cancel(sweep_id: str, api_url: str = ApiUrl, token: str = Token) -> No
 def _print_schedules(rows: list[dict[str, Any]]) -> None:
     table = Table("ID", "TENANT", "WHEN", "OVERLAP", "PAUSED", "RUNS", "NEXT", "RUNNING")
     for r in rows:
-        when = " ".join(r["cron"]) or " ".join(f"every {s:g}s" for s in r["interval_s"])
-        nxt = _ts(r["next_runs"][0]) if r["next_runs"] and not r["paused"] else "-"
+        when = ", ".join([*(f"cron {c}" for c in r["cron"]), *(f"every {format_duration(s)}" for s in r["interval_s"])])
+        nxt = date_time(r["next_runs"][0]) if r["next_runs"] and not r["paused"] else "-"
         table.add_row(
             r["id"], r["tenant"], when, r["overlap"], "yes" if r["paused"] else "no", str(r["actions_taken"]), nxt, " ".join(r["running"])
         )

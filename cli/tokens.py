@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console
+from cli.kit import ApiUrl, Output, Token, console, date_time
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -16,16 +15,12 @@ from cli.kit import emit as _emit
 app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
 
 
-def _ts(value: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(value)) if value else "-"
-
-
 def _tokens_table(rows: list[dict[str, Any]]) -> Table:
     table = Table("ID", "NAME", "ROLE", "TENANT", "CREATED", "BY", "EXPIRES", "REVOKED", title="Tokens")
     for t in rows:
         table.add_row(
-            str(t["id"]), t["name"] or "-", t["role"], t["tenant"] or "-", _ts(t["created_at"]), t["created_by"] or "-",
-            _ts(t["expires_at"]) if t["expires_at"] else "never", _ts(t["revoked_at"]) if t["revoked_at"] else "-",
+            str(t["id"]), t["name"] or "-", t["role"], t["tenant"] or "-", date_time(t["created_at"]), t["created_by"] or "-",
+            date_time(t["expires_at"]) if t["expires_at"] else "never", date_time(t["revoked_at"]) if t["revoked_at"] else "-",
         )  # fmt: skip
     return table
 

@@ -1,0 +1,37 @@
+"""What the CLI's tables say: a schedule's cron or interval in words and its next run with its date."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cli.sweeps import _print_schedules
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_schedule_ls_shows_the_cron_or_the_interval_and_the_next_run_with_its_date(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, utc: None
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    base = {"tenant": "alpha", "overlap": "skip", "paused": False, "actions_taken": 3, "running": []}
+    rows = [
+        base | {"id": "nightly", "cron": ["0 2 * * *"], "interval_s": [], "next_runs": [1796263200.0]},
+        base | {"id": "hourly", "cron": [], "interval_s": [5400.0], "next_runs": [1796212800.0]},
+        base | {"id": "held", "cron": [], "interval_s": [86400.0], "next_runs": [1796212800.0], "paused": True},
+    ]
+    _print_schedules(rows)
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.strip().startswith(("│ nightly", "│ hourly", "│ held"))}
+    assert "cron 0 2 * * *" in lines["nightly"] and "2026-12-03 02:00 UTC" in lines["nightly"]
+    assert "every 1h30m" in lines["hourly"] and "2026-12-02 12:00 UTC" in lines["hourly"]
+    assert "every 1d" in lines["held"] and "2026-12-02" not in lines["held"]  # paused: no next run
