@@ -108,6 +108,8 @@ class PlacementService:
         self.client = client
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.lease_ttl_s = max(3.0, settings.scheduler_tick_s * 2)
+        #: When this service started (wall clock, as the nodes' heartbeats): see _declare_lost_nodes.
+        self.started_at = time.time()
         self._wake = asyncio.Event()
         self.config = SchedulerConfig(
             usage_half_life_s=settings.usage_half_life_s,
@@ -196,6 +198,11 @@ class PlacementService:
         return asked
 
     async def _declare_lost_nodes(self, now: float) -> None:
+        # Silence from before this service started may be the control plane's own (a restart of the whole
+        # platform, when no agent could reach the API): a node is lost only once silent for the whole timeout
+        # with this service up.
+        if now - self.started_at < self.settings.node_lost_after_s:
+            return
         lost = await nodes.mark_lost_nodes(self.db, lost_after_s=self.settings.node_lost_after_s, now=now)
         for node_id, job_ids in sorted(lost.items()):
             log.warning("node %s declared lost; telling %d job(s)", node_id, len(job_ids))

@@ -3,10 +3,13 @@
 It never touches the database: it talks to the control plane through the API (with a
 node token) and to Temporal through its node task queue ``node-<id>``.
 
-What a restart does, deliberately: members started by a previous run of the agent lost
-their activity with it, so the new run stops them gracefully (SIGTERM, grace period,
-SIGKILL: they checkpoint) and the workflow queues the job again, resuming from that
-checkpoint.
+What a restart does: a restart of the agent (kill -9, an upgrade, a restart of the whole platform) is
+not a loss of the node. The node's boot id is the machine's, so the store keeps the node's allocations
+for the agent's next run; the members run on under their shims, within their leases, and the next run
+adopts those whose allocation the store still holds (their launch activities, which stopped
+heartbeating, are launched again by their workflows and watch the member instead of starting one) and
+stops the others (SIGTERM, grace period, SIGKILL). Only a real loss queues a job again: the machine
+rebooted (a new boot id), the lease ran out, or the node was declared LOST.
 
 Fencing: each member holds a lease that only a heartbeat answer still holding its allocation
 renews, to the time that heartbeat was sent plus ``self_fence_after_s``; the member's shim
@@ -43,6 +46,14 @@ from worker_agent.shim import lease_clock
 log = logging.getLogger("fairgang.agent")
 
 
+def machine_boot_id() -> str:
+    """The machine's boot id: the same for every run of the agent until the machine reboots."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+    except OSError:
+        return uuid.uuid4().hex
+
+
 class NodeAgent:
     def __init__(
         self,
@@ -62,7 +73,7 @@ class NodeAgent:
         self.gpu_type = gpu_type
         self.gpus = gpus
         self.labels = labels
-        self.boot_id = uuid.uuid4().hex
+        self.boot_id = machine_boot_id()
         self.http = httpx.AsyncClient(base_url=settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
         run_as = run_as_from(settings)
         if run_as is not None:
@@ -88,7 +99,7 @@ class NodeAgent:
         self.last_contact = time.monotonic()
         self._background: set[asyncio.Task[object]] = set()
 
-    async def register(self) -> None:
+    async def register(self) -> list[str]:
         inventory = self.gpus.inventory()
         body = {
             "node_id": self.node_id,
@@ -108,6 +119,7 @@ class NodeAgent:
         self.last_contact = time.monotonic()
         self.registered = True
         log.info("node %s registered (boot %s)", self.node_id, self.boot_id)
+        return list(answer["live_allocations"])
 
     def fence(self, live: list[str], asked_at: float, stale: list[str] | None = None) -> None:
         """Kill anything running whose allocation the store no longer holds (invariant 4).
@@ -121,10 +133,17 @@ class NodeAgent:
         named, unheld = agent_fences(launched, live, asked_at, stale or ())
         for allocation_id in named:
             log.warning("fencing allocation %s: the control plane says the store no longer holds it", allocation_id)
-            self.launcher.kill(allocation_id)
+            self._fence_one(allocation_id)
         for allocation_id in unheld:
             log.warning("fencing allocation %s: the store no longer holds it", allocation_id)
-            self.launcher.kill(allocation_id)
+            self._fence_one(allocation_id)
+
+    def _fence_one(self, allocation_id: str) -> None:
+        member = self.launcher.running.get(allocation_id)
+        self.launcher.kill(allocation_id)
+        if member is not None and member.watchers == 0:
+            # Nothing watches it (adopted, and its workflow gave it up): forget it once it is gone.
+            self._spawn(self.launcher.release_unwatched(member))
 
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(coro)
@@ -171,7 +190,7 @@ class NodeAgent:
         for member in self.launcher.expired(lease_clock()):
             log.warning("lease of %s ran out (%.0fs since the last answer holding it): stopping it", member.job_id, silent)
             self.launcher.fenced.add(member.allocation_id)
-            self._spawn(stop_member(member))
+            self._spawn(self.launcher.release_unwatched(member) if member.watchers == 0 else stop_member(member))
 
     def worker(self, client: Client, **options: Any) -> Worker:
         """The Temporal worker of the node's task queue: its launch and stop activities."""
@@ -187,11 +206,26 @@ class NodeAgent:
             **options,
         )
 
-    async def run(self, client: Client) -> None:
-        """Stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""
+    async def take_over(self) -> None:
+        """Register, then adopt the members a previous run left whose allocation the store still holds, and stop
+        the others (before this run's worker takes any launch)."""
         orphans = self.launcher.orphans()
+        live: set[str] = set()
         if orphans:
-            await asyncio.gather(*(self.launcher.stop_orphan(m) for m in orphans))
+            while not self.registered:
+                try:
+                    live = set(await self.register())
+                except (httpx.HTTPError, OSError) as err:
+                    log.warning("registration failed (members of the previous run wait within their lease): %s", err)
+                    await asyncio.sleep(1.0)
+        keep = [m for m in orphans if m.allocation_id in live]
+        for member in keep:
+            self.launcher.adopt(member)
+        await asyncio.gather(*(self.launcher.stop_orphan(m) for m in orphans if m.allocation_id not in live))
+
+    async def run(self, client: Client) -> None:
+        """Adopt or stop what a previous run left, then heartbeat and serve the node's task queue until cancelled."""
+        await self.take_over()
         worker = self.worker(client)
         beats = asyncio.create_task(self.heartbeat_loop())
         try:

@@ -45,7 +45,17 @@ from fairgang.fencing import ended_fenced, first_lease_until, lease_expired, ren
 from fairgang.settings import log_path
 from worker_agent.isolation import RunAs, drop_private_tmp, hand_over, keep_private, private_tmp
 from worker_agent.shim import lease_clock
-from workflows.messages import MEMBER_FENCED, CheckpointReport, LaunchInput, LaunchResult, MemberStarted, StopInput, StopResult
+from workflows.messages import (
+    AGENT_RESTARTING,
+    MEMBER_FENCED,
+    MEMBER_GONE,
+    CheckpointReport,
+    LaunchInput,
+    LaunchResult,
+    MemberStarted,
+    StopInput,
+    StopResult,
+)
 
 HEARTBEAT_EVERY_S = 1.0
 #: Past a container's grace period, how long its shim gets to finish stopping it (the CLI's own time).
@@ -135,10 +145,16 @@ class RunningMember:
     #: The tenant whose uid it runs as (isolated members only), and that uid (None: the agent's own).
     tenant: str = ""
     uid: int | None = None
+    #: Rank 0: the newest checkpoint its launch reported, and how many reports it sent (an adopting launch
+    #: goes on numbering from there, so the workflow does not take its reports for old ones).
+    checkpoint: str = ""
+    reports: int = 0
+    #: Launch activities watching it now (an adopted member has none until its launch comes again).
+    watchers: int = 0
 
 
 #: RunningMember fields that live only in this process (not written to the state file).
-_LOCAL_FIELDS = ("proc", "keepalive_fd", "started", "term_at", "stop")
+_LOCAL_FIELDS = ("proc", "keepalive_fd", "started", "term_at", "stop", "watchers")
 
 
 @dataclass
@@ -185,9 +201,28 @@ class LaunchActivities:
         #: allocation id -> when a stop came for it with no member here (time.monotonic()).
         self.stop_requests: dict[str, float] = {}
 
+    @property
+    def adoptable(self) -> bool:
+        """Members outlive this agent within their lease, for its next run to adopt (a state dir and leases)."""
+        return self.state_dir is not None and self.lease_s is not None
+
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
         launched_at = lease_clock()
+        path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
+        ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
+        present = self.running.get(inp.allocation_id)
+        if present is not None and present.rank == inp.rank:
+            # Launched again (its earlier activity stopped heartbeating: this agent restarted, or was stalled):
+            # watch the member that runs, never start a second one.
+            log.info("adopting the member of %s rank %d (allocation %s, pid %s)", inp.job_id, inp.rank, inp.allocation_id, present.pid)
+            return await self._watched(present, inp, ckpt)
+        if inp.adopt:
+            raise ApplicationError(
+                f"node {self.node_id} has no member of allocation {inp.allocation_id} rank {inp.rank} to adopt",
+                type=MEMBER_GONE,
+                non_retryable=True,
+            )
         if self.stop_requests.pop(inp.allocation_id, None) is not None:
             return LaunchResult(exit_code=None, how="terminated", error="stopped before it started")
         # The lease starts when the activity started (the store held the allocation then: the workflow revokes
@@ -195,9 +230,7 @@ class LaunchActivities:
         started = activity.info().started_time.timestamp()
         lease_s = math.inf if self.lease_s is None else self.lease_s
         lease_until = first_lease_until(launched_at, lease_clock(), time.time() - started, lease_s)
-        path = log_path(self.log_dir, inp.job_id, inp.attempt, inp.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        ckpt = host_checkpoint_dir(self.checkpoint_root, inp.checkpoint_dir)
         container = f"fg-{inp.allocation_id}-r{inp.rank}" if self.runtime != "process" else ""
         uid, tmp = None, None
         if self.run_as is not None:
@@ -216,12 +249,16 @@ class LaunchActivities:
         argv, env = self._command(inp, ckpt, container, uid, tmp)
         # Members run under the shim (worker_agent/shim.py), which SIGKILLs the member (process group, or
         # container by name) one grace period after SIGTERM even when this agent is gone; it tells us through
-        # a pipe how the start went.
+        # a pipe how the start went. Adoptable members hold their lease in a file (the next run of this agent
+        # renews it), other ones through a pipe that closes with this agent.
         status_r, status_w = os.pipe()
-        keep_r, keep_w = os.pipe() if self.lease_s is not None else (-1, -1)
+        files = self._member_files(inp.allocation_id, inp.rank)
+        keep_r, keep_w = os.pipe() if self.lease_s is not None and files is None else (-1, -1)
+        if files is not None:
+            files[1].unlink(missing_ok=True)
         cli = self.runtime if container else ""
         shim_uid = uid if not container else None  # a container's uid is the runtime's --user
-        argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until, cli, container, shim_uid), *argv]
+        argv = [*shim_argv(inp.grace_period_s, status_w, keep_r, lease_until, cli, container, shim_uid, files), *argv]
         with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as out:
             try:
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -250,16 +287,24 @@ class LaunchActivities:
         member.gpu_indices, member.launched_at = list(inp.gpu_indices), launched_at
         member.lease_until, member.keepalive_fd = lease_until, keep_w
         member.tenant, member.uid = inp.tenant, uid
+        member.checkpoint = read_latest_marker(ckpt, self._job_view(inp, ckpt))  # an earlier attempt's is not news
         self.running[inp.allocation_id] = member
         if self.stop_requests.pop(inp.allocation_id, None) is not None:
             member.stop.set()  # the stop came while the process was being started
         self._save_state(member)
+        # Recorded: from now on the member outlives this agent within its lease (the shim sees the file).
+        self._write_lease(member)
+        member.watchers += 1
+        handed_on = False
         try:
             job_pid = proc.pid
             if status_r >= 0:
                 try:
                     status = await asyncio.to_thread(_read_status, status_r)
                 except asyncio.CancelledError:
+                    if self._hand_on(member):
+                        handed_on = True
+                        raise self._restarting() from None
                     await stop_member(member, heartbeat=activity.heartbeat)
                     raise
                 if not status.startswith("ok "):
@@ -269,13 +314,57 @@ class LaunchActivities:
                 job_pid = int(status.split()[1])
             member.started = True
             await self._signal(inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=job_pid))
-            return await self._watch(member, inp, ckpt)
+            member.watchers -= 1
+            handed_on = True  # _watched counts itself and cleans up
+            return await self._watched(member, inp, ckpt, tmp)
         finally:
-            self.running.pop(inp.allocation_id, None)
-            self._drop_state(member)
-            # A shim whose keepalive pipe closes stops its member at once: nothing runs without its activity.
-            _close(member.keepalive_fd)
-            drop_private_tmp(tmp)
+            if not handed_on:
+                member.watchers -= 1
+                self._forget(member)
+                drop_private_tmp(tmp)
+
+    async def _watched(self, member: RunningMember, inp: LaunchInput, ckpt: Path, tmp: Path | None = None) -> LaunchResult:
+        """Watch a member to its end (one this activity started, or one it adopts), then forget it; unless this
+        activity is cancelled because its agent stops or Temporal gave up on it: then the member runs on for
+        another launch (of this agent's next run, or of this one) to adopt."""
+        member.watchers += 1
+        handed_on = False
+        try:
+            if member.proc is None and member.started:
+                await self._signal(
+                    inp.job_id, "member_started", MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=member.pid)
+                )
+            return await self._watch(member, inp, ckpt)
+        except asyncio.CancelledError:
+            if self._hand_on(member):
+                handed_on = True
+                raise self._restarting() from None
+            raise
+        finally:
+            member.watchers -= 1
+            if not handed_on and member.watchers == 0:
+                self._forget(member)
+                drop_private_tmp(tmp)
+
+    def _hand_on(self, member: RunningMember) -> bool:
+        """Cancelled, but not by the workflow: the agent stops, or Temporal no longer knows this attempt (its
+        heartbeats timed out, the workflow launched the member again). The member runs on (adoptable only)."""
+        details = activity.cancellation_details()
+        return self.adoptable and details is not None and not details.cancel_requested and member.allocation_id not in self.fenced
+
+    def _restarting(self) -> BaseException:
+        details = activity.cancellation_details()
+        if details is not None and details.worker_shutdown:
+            return ApplicationError("the agent is stopping; its member runs on for the next run to adopt", type=AGENT_RESTARTING)
+        return asyncio.CancelledError()
+
+    def _forget(self, member: RunningMember) -> None:
+        if self.running.get(member.allocation_id) is member:
+            del self.running[member.allocation_id]
+        self._drop_state(member)
+        # A shim whose keepalive pipe closes stops its member at once: nothing runs without its activity.
+        _close(member.keepalive_fd)
+        member.keepalive_fd = -1
 
     @activity.defn(name="stop")
     async def stop(self, inp: StopInput) -> StopResult:
@@ -341,6 +430,10 @@ class LaunchActivities:
         latest = read_latest_marker(ckpt, self._job_view(inp, ckpt))
         if latest and latest != seen.path:
             seen.path, seen.reports = latest, seen.reports + 1
+            member = self.running.get(inp.allocation_id)
+            if member is not None:  # an adopting launch goes on from here
+                member.checkpoint, member.reports = seen.path, seen.reports
+                self._save_state(member)
             report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest, seq=seen.reports)
             await self._signal(inp.job_id, "checkpoint", report)
 
@@ -349,9 +442,8 @@ class LaunchActivities:
 
     async def _watch(self, member: RunningMember, inp: LaunchInput, ckpt: Path) -> LaunchResult:
         proc = member.proc
-        assert proc is not None
-        reported = CheckpointsSeen(read_latest_marker(ckpt, self._job_view(inp, ckpt)))  # an earlier attempt's is not news
-        exited = asyncio.ensure_future(proc.wait())
+        reported = CheckpointsSeen(member.checkpoint, member.reports)
+        exited = asyncio.ensure_future(proc.wait() if proc is not None else self._gone(member))
         stop_asked = asyncio.ensure_future(member.stop.wait())
         try:
             while True:
@@ -359,7 +451,7 @@ class LaunchActivities:
                 await self._report_checkpoint(inp, ckpt, reported)
                 if member.stop.is_set():
                     # A stop activity: SIGTERM (unless it sent it), the grace period from that SIGTERM, SIGKILL.
-                    code = await stop_member(member, heartbeat=activity.heartbeat)
+                    code = await stop_member(member, heartbeat=activity.heartbeat, exit_status=self.exit_status)
                     await self._report_checkpoint(inp, ckpt, reported)
                     return LaunchResult(exit_code=code, how="terminated", checkpoint=reported.path or None)
                 await asyncio.wait((exited, stop_asked), timeout=HEARTBEAT_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
@@ -367,15 +459,19 @@ class LaunchActivities:
                     continue  # stopped (it may have exited of the SIGTERM already): "terminated", above
                 code = exited.result()
                 await self._report_checkpoint(inp, ckpt, reported)
-                if ended_fenced(inp.allocation_id in self.fenced, code, member.lease_until, lease_clock()):
+                if ended_fenced(inp.allocation_id in self.fenced, -9 if code is None else code, member.lease_until, lease_clock()):
                     raise ApplicationError(
                         "the agent fenced this member (its allocation is no longer held, or its lease ran out)",
                         type=MEMBER_FENCED,
                         non_retryable=True,
                     )
+                if code is None:  # an adopted member's shim vanished without its exit status
+                    raise ApplicationError("the member's supervisor ended without its exit status", type=MEMBER_GONE, non_retryable=True)
                 return LaunchResult(exit_code=code, how="exited", checkpoint=reported.path or None)
         except asyncio.CancelledError:
-            await stop_member(member, heartbeat=activity.heartbeat)
+            if self._hand_on(member):
+                raise  # the member runs on (see _watched)
+            await stop_member(member, heartbeat=activity.heartbeat, exit_status=self.exit_status)
             await self._report_checkpoint(inp, ckpt, reported)
             raise
         finally:
@@ -404,9 +500,47 @@ class LaunchActivities:
         path = self._state_file(member)
         if path is not None:
             path.unlink(missing_ok=True)
+        files = self._member_files(member.allocation_id, member.rank)
+        for file in files or ():
+            file.unlink(missing_ok=True)
+
+    def _member_files(self, allocation_id: str, rank: int) -> tuple[Path, Path] | None:
+        """An adoptable member's lease file (the agent writes it, the shim reads it) and exit file (the other way)."""
+        if not self.adoptable:
+            return None
+        assert self.state_dir is not None
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        stem = self.state_dir / f"{allocation_id}-rank-{rank}"
+        return stem.with_suffix(".lease"), stem.with_suffix(".exit")
+
+    def _write_lease(self, member: RunningMember) -> None:
+        files = self._member_files(member.allocation_id, member.rank)
+        if files is None:
+            return
+        tmp = files[0].with_suffix(".lease-tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(f"{member.lease_until:.6f}\n")
+            tmp.replace(files[0])
+
+    def exit_status(self, member: RunningMember) -> int | None:
+        """An adopted member's exit status, as its shim wrote it (None: not written)."""
+        files = self._member_files(member.allocation_id, member.rank)
+        if files is None:
+            return None
+        try:
+            return int(files[1].read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    async def _gone(self, member: RunningMember) -> int | None:
+        """Wait for an adopted member's shim to end; its exit status (None: unknown)."""
+        while pid_alive(member.pid):
+            await asyncio.sleep(0.2)
+        return self.exit_status(member)
 
     def orphans(self) -> list[RunningMember]:
-        """Members a previous run of this agent started that are still alive."""
+        """Members a previous run of this agent started that are still alive, and (adoptable ones) those that
+        ended while no agent ran (their exit status is in their exit file)."""
         if self.state_dir is None or not self.state_dir.exists():
             return []
         found = []
@@ -417,16 +551,39 @@ class LaunchActivities:
                 path.unlink(missing_ok=True)
                 continue
             start = data.pop("start_time", None)
-            if (start is not None and process_start_time(data["pid"]) == start) or data.get("container"):
-                found.append(RunningMember(**data))
+            alive = start is not None and process_start_time(data["pid"]) == start
+            member = RunningMember(**data)
+            member.started = True
+            if alive or data.get("container") or (self.adoptable and self.exit_status(member) is not None):
+                found.append(member)
             else:
-                path.unlink(missing_ok=True)
+                self._drop_state(member)
         return found
 
+    def adopt(self, member: RunningMember) -> None:
+        """Take over a member a previous run of this agent left running (its allocation is still held): its
+        lease is renewed from now on, and its launch, when it comes again, watches it."""
+        log.info(
+            "keeping the member of %s rank %d (allocation %s, pid %s) for its launch",
+            member.job_id,
+            member.rank,
+            member.allocation_id,
+            member.pid,
+        )
+        self.running[member.allocation_id] = member
+
+    async def release_unwatched(self, member: RunningMember) -> None:
+        """A member no launch watches any more (its workflow gave it up) whose allocation is gone: stop it, forget it."""
+        if member.watchers:
+            return
+        await stop_member(member, exit_status=self.exit_status)
+        if member.watchers == 0:
+            self._forget(member)
+
     async def stop_orphan(self, member: RunningMember) -> None:
-        """Stop a member whose activity died with the previous agent: SIGTERM, grace, SIGKILL."""
+        """Stop a member a previous agent left whose allocation the store no longer holds: SIGTERM, grace, SIGKILL."""
         log.warning("stopping orphaned member of %s (allocation %s, pid %s)", member.job_id, member.allocation_id, member.pid)
-        await stop_member(member)
+        await stop_member(member, exit_status=self.exit_status)
         self._drop_state(member)
 
     def renew(self, live: list[str], asked_at: float) -> None:
@@ -444,6 +601,7 @@ class LaunchActivities:
             if member.keepalive_fd >= 0:
                 with contextlib.suppress(OSError):  # a full pipe (the shim is busy) or a shim already gone
                     os.write(member.keepalive_fd, f"{until:.6f}\n".encode())
+            self._write_lease(member)
 
     def expired(self, now: float) -> list[RunningMember]:
         """Members whose lease ran out and that the agent has not fenced yet."""
@@ -472,14 +630,18 @@ def shim_argv(
     cli: str = "",
     container: str = "",
     uid: int | None = None,
+    files: tuple[Path, Path] | None = None,
 ) -> list[str]:
     """The command line that runs a member under the shim (isolated: the job's PYTHON* variables do not reach it).
 
     With ``cli`` and ``container`` the member is ``<cli> run --name <container> ...`` and the shim stops it by name.
+    With ``files`` (an adoptable member's lease file and exit file) the lease is read from the first, not a pipe.
     """
     opts = ["--grace", repr(float(grace_s)), "--parent", str(os.getpid()), "--status-fd", str(status_fd)]
     if keepalive_fd >= 0:
         opts += ["--keepalive-fd", str(keepalive_fd), "--lease-until", f"{lease_until:.6f}"]
+    if files is not None:
+        opts += ["--lease-file", str(files[0]), "--lease-until", f"{lease_until:.6f}", "--exit-file", str(files[1])]
     if container:
         opts += ["--container-cli", cli, "--container", container]
     if uid is not None:
@@ -543,18 +705,32 @@ def terminate(member: RunningMember) -> None:
         os.killpg(member.pid, signal.SIGTERM)
 
 
-async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | None = None) -> int | None:
+async def stop_member(
+    member: RunningMember, heartbeat: Callable[[], None] | None = None, exit_status: Callable[[RunningMember], int | None] | None = None
+) -> int | None:
     """SIGTERM (once), the member's grace period from that SIGTERM (heartbeating), then SIGKILL: a process
-    group or a container. Its exit status, when this process started it. Safe to call again (a cancel that
-    comes while a stop activity's stop is under way): nothing is sent twice and the grace period does not
-    start over."""
-    if not member.container:
-        if member.proc is not None:
-            terminate(member)
-            return await stop_process_group(member.proc, member.grace_period_s, heartbeat, signalled_at=member.term_at)
-        await stop_pid_group(member.pid, member.grace_period_s)
-        return None
-    if member.proc is not None:
+    group or a container. Its exit status, when this process started it (or, for one it did not, what
+    ``exit_status`` finds). Safe to call again (a cancel that comes while a stop activity's stop is under way):
+    nothing is sent twice and the grace period does not start over."""
+    if member.proc is None:
+        # A member this process did not start (adopted, or left by a previous run of the agent): SIGTERM to its
+        # shim's group (the shim stops a container by name), the grace period from then, SIGKILL.
+        terminate(member)
+        deadline = (member.term_at or time.monotonic()) + member.grace_period_s + (CONTAINER_STOP_MARGIN_S if member.container else 0.0)
+        while pid_alive(member.pid) and time.monotonic() < deadline:
+            if heartbeat is not None:
+                heartbeat()
+            await asyncio.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(member.pid, signal.SIGKILL)
+        if member.container:  # whatever a shim that died too left of it
+            for words in (("kill", "--signal", "KILL"), ("rm", "-f")):
+                cleanup = await asyncio.create_subprocess_exec(
+                    member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+                )
+                await cleanup.wait()
+        return exit_status(member) if exit_status is not None else None
+    if member.container:
         # Our shim runs the container: SIGTERM to its group, and it stops the container by name (SIGTERM once,
         # the grace period, SIGKILL) and ends with `run`'s status. The margin is for the CLI's own time.
         terminate(member)
@@ -566,22 +742,8 @@ async def stop_member(member: RunningMember, heartbeat: Callable[[], None] | Non
             )
             await cleanup.wait()
         return code
-    # A previous agent's container (its shim stopped it already, unless it died too): `<cli> stop -t N`
-    # sends it SIGTERM and SIGKILL after N seconds.
-    stopper = await asyncio.create_subprocess_exec(
-        member.runtime, "stop", "-t", str(max(1, round(member.grace_period_s))), member.container,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    while stopper.returncode is None:
-        if heartbeat is not None:
-            heartbeat()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(stopper.wait()), HEARTBEAT_EVERY_S)
-    remover = await asyncio.create_subprocess_exec(
-        member.runtime, "rm", "-f", member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-    )
-    await remover.wait()
-    return None
+    terminate(member)
+    return await stop_process_group(member.proc, member.grace_period_s, heartbeat, signalled_at=member.term_at)
 
 
 async def stop_process_group(
@@ -605,17 +767,3 @@ async def stop_process_group(
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     return await proc.wait()
-
-
-async def stop_pid_group(pid: int, grace_s: float) -> None:
-    """The same for a process group this process did not start (an orphan from a previous agent)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while loop.time() < deadline:
-        if not pid_alive(pid):
-            break
-        await asyncio.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)

@@ -1,7 +1,7 @@
 """The member supervisor: a small process between the agent and each member's process or container.
 
 ``python -m worker_agent.shim --grace S --parent PID --status-fd FD [--keepalive-fd K --lease-until T]
-[--container-cli CLI --container NAME] [--uid U] -- ARGV...``
+[--lease-file F --lease-until T --exit-file E] [--container-cli CLI --container NAME] [--uid U] -- ARGV...``
 
 With ``--uid U`` (a shim started by root) the member runs as uid and gid ``U`` with no supplementary
 groups (worker_agent/isolation.py); the shim stays root, so the member cannot signal it.
@@ -26,6 +26,12 @@ in SIGKILL even when the agent cannot send it:
   the group, SIGKILL ``S`` seconds later. So a member is gone ``self_fence_after_s + S`` after the last
   moment the store held its allocation, which is what the workflow waits for after it revokes an
   allocation whose members' end it could not confirm (workflows/job.py).
+* Adoptable members (``--lease-file``, an agent with a state dir): the lease is read from that file
+  instead of a pipe. Until the file first appears the shim ends with its agent as above (the agent dies
+  before it recorded the member); from then on it does not: an agent that restarts (kill -9, an upgrade, a
+  restart of the whole platform) finds the member in its state dir and adopts it, renewing the same file,
+  and if none does within the lease, the lease runs out and the member is stopped as above. The member's
+  exit status also goes to ``--exit-file``, for an agent that did not start this shim.
 * If the shim itself dies, the member gets SIGKILL (its own ``PR_SET_PDEATHSIG``).
 
 Containers (``--container-cli podman --container NAME``; ARGV is ``podman run --rm --name NAME ...``):
@@ -129,11 +135,16 @@ def main(args: list[str]) -> int:
     opts, argv = dict(zip(args[:sep:2], args[1:sep:2], strict=True)), args[sep + 1 :]
     grace, parent, status_fd = float(opts["--grace"]), int(opts["--parent"]), int(opts["--status-fd"])
     keepalive = int(opts.get("--keepalive-fd", "-1"))
+    # Adoptable members: the lease lives in a file the agent (or the next run of the agent) rewrites, and the
+    # exit status goes to a file that the next run of the agent reads when this shim ended while none ran.
+    lease_file, exit_file = opts.get("--lease-file", ""), opts.get("--exit-file", "")
+    lease_seen = 0.0
     cli, container = opts.get("--container-cli", ""), opts.get("--container", "")
     uid = int(opts["--uid"]) if "--uid" in opts else None
     as_uid: dict[str, object] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     term_sent = False
-    lease_until = float(opts.get("--lease-until", "inf")) if keepalive >= 0 else math.inf
+    lease_until = float(opts.get("--lease-until", "inf")) if keepalive >= 0 or lease_file else math.inf
+    detached = False
     group = os.getpgid(0)
     stop_at: float | None = None
     fenced = False
@@ -147,7 +158,7 @@ def main(args: list[str]) -> int:
 
     def on_agent_died(_sig: int, _frame: object) -> None:
         nonlocal fenced
-        if fenced:
+        if fenced or detached:
             return
         fenced = True
         on_term(_sig, _frame)
@@ -178,6 +189,24 @@ def main(args: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 lease_until = max(lease_until, float(line))
 
+    def read_lease_file() -> None:
+        # The agent writes the file (atomically) once it has recorded the member, and then with each renewal.
+        # From its first appearance the member no longer ends with its agent: a new run of the agent adopts it
+        # within the lease, or the lease runs out.
+        nonlocal lease_until, lease_seen, detached
+        try:
+            stamp = os.stat(lease_file).st_mtime_ns
+        except OSError:
+            return
+        if stamp == lease_seen:
+            return
+        lease_seen = stamp
+        with contextlib.suppress(OSError, ValueError), open(lease_file) as f:
+            lease_until = max(lease_until, float(f.read().strip() or "0"))
+        if not detached:
+            detached = True
+            _prctl_pdeathsig(0)
+
     def send_term() -> None:
         # The container's SIGTERM, once: not from a signal handler (it starts a process), and in a session of
         # its own, so that a SIGKILL of the shim's group does not cut it short.
@@ -204,6 +233,8 @@ def main(args: list[str]) -> int:
     if os.getppid() != parent:  # the agent died before the shim could hear of it
         on_agent_died(AGENT_DIED, None)
     while True:
+        if lease_file:
+            read_lease_file()
         if keepalive >= 0:
             read_keepalive()
             code = proc.poll()
@@ -227,11 +258,24 @@ def main(args: list[str]) -> int:
         if stop_at is not None or code < 0:
             # Stopped, or its client died of a signal: whatever it started must not outlive it.
             _remove_container(cli, container)
+        _write_exit(exit_file, code)
         return _die_like(code)
+    _write_exit(exit_file, code)
     if stop_at is not None and (fenced or os.getppid() != parent):
         # Stopped on its own, without its agent: nothing of the member may outlive the grace period.
         os.killpg(group, signal.SIGKILL)
     return _die_like(code)
+
+
+def _write_exit(path: str, code: int) -> None:
+    """The member's exit status (negative: the signal that killed it), for an agent that did not start this shim."""
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from fairgang.spec import JobState
     from worker_agent.launch import LaunchActivities
     from workflows.messages import (
+        AGENT_RESTARTING,
         MEMBER_FENCED,
         CancelRequest,
         CheckpointInput,
@@ -74,6 +75,11 @@ FENCE_PATCH = "fence-unconfirmed-members"
 STOP_PATCH = "stop-members-directly"
 #: A checkpoint report older than the one the workflow has (a lower ``seq`` of the same attempt) is ignored.
 CHECKPOINT_ORDER_PATCH = "newest-checkpoint-wins"
+#: A member whose launch activity stopped heartbeating (or whose agent said it is restarting) on a node not
+#: declared lost is launched again for the agent's next run to adopt, instead of the gang being stopped.
+RELAUNCH_PATCH = "relaunch-after-agent-restart"
+#: How often one member may be launched again in one attempt.
+MAX_RELAUNCHES = 5
 #: The stop activity runs in the agent and returns at once; a retry covers a transient error.
 STOP_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2))
 
@@ -109,17 +115,21 @@ class GangResult:
     unconfirmed: list[int] = field(default_factory=list)
 
 
-def confirmed_end(result: LaunchResult | BaseException) -> bool:
-    """Whether a member's activity result proves that its processes are gone (or never started)."""
+def confirmed_end(result: LaunchResult | BaseException, relaunched: bool = False) -> bool:
+    """Whether a member's activity result proves that its processes are gone (or never started).
+
+    A member launched again (``relaunched``) may run from an earlier launch: only its agent's word counts."""
     if isinstance(result, LaunchResult):
         return True  # it exited, and the activity saw it
     if not isinstance(result, ActivityError):
         return False
     cause = result.cause
-    if isinstance(cause, ActivityCancelledError):
-        return True  # the agent stopped it (SIGTERM, grace, SIGKILL) before it confirmed the cancellation
     if isinstance(cause, ApplicationError) and cause.type == MEMBER_FENCED:
         return True
+    if relaunched:
+        return False  # cancelled before an agent took it, or never picked up: the earlier launch's member may run
+    if isinstance(cause, ActivityCancelledError):
+        return True  # the agent stopped it (SIGTERM, grace, SIGKILL) before it confirmed the cancellation
     # Never picked up by its node: no process was started.
     return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
@@ -330,9 +340,11 @@ class TrainingJobWorkflow:
         members = sorted(placement.members, key=lambda m: m.rank)
         world = len(members)
         results: dict[int, LaunchResult | BaseException] = {}
-        handles = []
-        for member in members:
+        relaunched: dict[int, int] = {}
+
+        def start_launch(member: PlacedMember, adopt: bool = False) -> asyncio.Future[LaunchResult]:
             launch = launch_input(job, placement, member, attempt=self.s.attempt, resume_from=self.s.latest_checkpoint)
+            launch.adopt = adopt
             handle = workflow.start_activity_method(
                 LaunchActivities.launch,
                 launch,
@@ -340,15 +352,30 @@ class TrainingJobWorkflow:
                 start_to_close_timeout=timedelta(seconds=job.max_runtime_s + job.grace_period_s + 300),
                 heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
                 schedule_to_start_timeout=timedelta(seconds=job.launch_start_timeout_s),
-                # A retry would wait on the same (maybe dead) node's queue: the workflow re-places instead.
+                # No retry by Temporal: the workflow decides (it launches again for an agent's restart, and
+                # re-places the job when the node is lost).
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             )
             handle.add_done_callback(functools.partial(_record_outcome, results, member.rank))
-            handles.append(handle)
+            return handle
+
+        handles = [start_launch(member) for member in members]
 
         def member_failed() -> bool:
             return any(isinstance(r, BaseException) or r.exit_code != 0 for r in results.values())
+
+        def agent_restarted(rank: int) -> bool:
+            """The member's launch stopped heartbeating, or its agent said it is stopping, on a node not lost."""
+            r = results.get(rank)
+            if not isinstance(r, ActivityError) or members[rank].node_id in self.s.lost_nodes:
+                return False
+            if self.s.cancel is not None or self.s.preempt is not None or relaunched.get(rank, 0) >= MAX_RELAUNCHES:
+                return False
+            cause = r.cause
+            return (isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.HEARTBEAT) or (
+                isinstance(cause, ApplicationError) and cause.type == AGENT_RESTARTING
+            )
 
         self.s.running_recorded = False
         deadline = workflow.now() + timedelta(seconds=job.max_runtime_s)
@@ -374,6 +401,14 @@ class TrainingJobWorkflow:
                 self.s.running_recorded = True
                 await self._transition(JobState.RUNNING, f"running-{self.s.attempt}", f"{world} member(s) running", placement.allocation_id)
                 continue
+            again = [rank for rank in sorted(results) if agent_restarted(rank)]
+            if again and workflow.patched(RELAUNCH_PATCH):
+                for rank in again:
+                    workflow.logger.info("member %d of %s: its agent restarted; launching it again to adopt it", rank, job.job_id)
+                    relaunched[rank] = relaunched.get(rank, 0) + 1
+                    del results[rank]
+                    handles[rank] = start_launch(members[rank], adopt=True)
+                continue
             break
         stopping = len(results) < world
         stops: list[asyncio.Future[StopResult]] = []
@@ -396,7 +431,7 @@ class TrainingJobWorkflow:
                     stop.cancel()
             await asyncio.gather(*stops, return_exceptions=True)
         judged = self._judge(results, timed_out=timed_out, stopping=stopping)
-        judged.unconfirmed = [rank for rank, r in sorted(results.items()) if not confirmed_end(r)]
+        judged.unconfirmed = [rank for rank, r in sorted(results.items()) if not confirmed_end(r, rank in relaunched)]
         return judged
 
     def _stop_member(self, job: JobInput, placement: Placement, node_id: str, rank: int, why: str) -> asyncio.Future[StopResult]:

@@ -13,6 +13,11 @@ from fairgang.spec import JobState
 
 #: A launch activity raises this when its agent killed the member itself (fenced): its end is confirmed.
 MEMBER_FENCED = "MemberFenced"
+#: A launch to adopt a member finds none on its node (its record is gone): whether it still runs is unknown.
+MEMBER_GONE = "MemberGone"
+#: A launch activity ends with this when its agent stops (an upgrade, a restart): the member runs on, and the
+#: workflow launches it again for the agent's next run to adopt.
+AGENT_RESTARTING = "AgentRestarting"
 
 
 @dataclass
@@ -138,6 +143,9 @@ class LaunchInput:
     image: str = "local"
     #: The job's tenant: an isolating agent runs the member as the tenant's own uid (fairgang/isolation.py).
     tenant: str = ""
+    #: The workflow launches this member again after its activity stopped heartbeating (its agent restarted):
+    #: the agent watches the member it already runs and never starts another (MEMBER_GONE if it has none).
+    adopt: bool = False
 
 
 @dataclass

@@ -313,3 +313,19 @@ async def _eventually_counted(client: Client, job_id: str) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def test_a_node_silent_since_before_the_service_started_is_lost_only_after_the_timeout_with_it_up(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    """A restart of the whole platform: no agent could heartbeat while the API was down, so silence from before
+    the placement service started is not held against the nodes."""
+    await _register_all(seeded)  # heard from now
+    t0 = time.time()
+    settings = Settings(database_url=db_url, node_lost_after_s=10, node_stale_after_s=3600)
+    service = PlacementService(settings, seeded, temporal_env.client, holder="s")
+    service.started_at = t0 + 60  # the platform came back a minute after the last heartbeats
+    await service.cycle(now=t0 + 65)
+    assert {n.id: n.state for n in await nodes.list_nodes(seeded)} == {"g1": "READY", "h1": "READY", "h2": "READY"}
+    await service.cycle(now=t0 + 71)  # silent for the whole timeout with the service up
+    assert {n.state for n in await nodes.list_nodes(seeded)} == {"LOST"}

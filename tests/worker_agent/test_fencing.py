@@ -31,7 +31,8 @@ def agent(tmp_path: Path) -> NodeAgent:
 
 
 def member(allocation_id: str, launched_at: float) -> RunningMember:
-    return RunningMember(allocation_id, "j", 1, 0, pid=999999, grace_period_s=1.0, launched_at=launched_at)
+    """A member whose launch activity watches it."""
+    return RunningMember(allocation_id, "j", 1, 0, pid=999999, grace_period_s=1.0, launched_at=launched_at, watchers=1)
 
 
 def test_fence_kills_released_allocations_launched_before_the_answer_was_asked_for(tmp_path: Path) -> None:
