@@ -156,20 +156,24 @@ def main(args: list[str]) -> int:
         if stop_at is None:
             stop_at = time.monotonic() + grace
 
-    def on_agent_died(_sig: int, _frame: object) -> None:
+    def stop_on_own() -> None:
         nonlocal fenced
-        if fenced or detached:
+        if fenced:
             return
         fenced = True
-        on_term(_sig, _frame)
+        on_term(signal.SIGTERM, None)
         if not container:  # a container gets its SIGTERM from the main loop (send_term)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGTERM)
 
+    def on_agent_died(_sig: int, _frame: object) -> None:
+        if not detached:  # a recorded adoptable member outlives its agent: its lease alone bounds it
+            stop_on_own()
+
     def fence(why: str) -> None:
         if not fenced:
             print(f"fairgang: {why}: stopping the member (SIGTERM, then SIGKILL after {grace:g}s)", flush=True)
-            on_agent_died(AGENT_DIED, None)
+            stop_on_own()
 
     def read_keepalive() -> None:
         nonlocal keepalive, lease_until, pending

@@ -446,6 +446,33 @@ def test_a_frozen_agents_member_is_fenced_by_its_shim_and_its_late_heartbeat_rev
     wait_for_node(platform, frozen_node, "READY", schedulable=True)
 
 
+def test_kill_9_of_the_agent_running_a_member_keeps_the_attempt_going(platform: Platform, tmp_path: Path) -> None:
+    """kill -9 of a member's agent, restarted at once (as a service manager would): the member runs on under its
+    shim, the restarted agent adopts it when its launch, which stopped heartbeating, comes again, and the first
+    attempt goes on to SUCCEEDED, reporting its checkpoints to the end."""
+    ticks = tmp_path / "ticks"
+    job = platform.submit(timed_training_spec("survives-agent-restart", ticks, steps=400, every=20))
+    running = wait_for_checkpoint(platform, job["id"])
+    node = running["allocation"]["members"][0]["node_id"]
+    member = int(wait_for_file(tmp_path / "ticks.pid-1-0"))
+    old_agent = _kill_part(platform, f"agent-{node}")
+    agent_log = platform.data_dir / "process-logs" / f"agent-{node}.log"
+    deadline = time.monotonic() + 60
+    while f"adopting the member of {job['id']}" not in agent_log.read_text(errors="replace"):
+        assert time.monotonic() < deadline and pid_alive(member), platform.logs()
+        time.sleep(0.3)
+    new_agent = int(json.loads((platform.data_dir / "pids.json").read_text())[f"agent-{node}"])
+    assert new_agent != old_agent and pid_alive(member), "the member did not outlive its agent"
+    adopted_at = platform.job(job["id"])["latest_checkpoint"]
+    done = platform.wait_for(job["id"], TERMINAL, timeout=120)
+    assert done["state"] == "SUCCEEDED" and done["attempt"] == 1, done
+    assert not any(e["kind"] in ("REQUEUED", "REVOKED") for e in done["events"]), done["events"]
+    assert set(attempt_spans(ticks)) == {1}
+    # One process from start to end: never stopped, never started again.
+    assert "SIGTERM" not in log_of(platform, job["id"], 1) and "resumed from step" not in log_of(platform, job["id"], 1)
+    assert done["latest_checkpoint"] != adopted_at, "no checkpoint was reported after the adoption"
+
+
 @pytest.mark.parametrize("part", ["api", "scheduler", "worker", "agent", "temporal"])
 def test_kill_9_of_one_part_loses_no_job(platform: Platform, part: str) -> None:
     running = platform.submit(training_spec(f"kill-{part}-running", steps=140, every=10, gpu_count=8))

@@ -283,3 +283,82 @@ async def test_the_agents_stop_of_a_container_signals_it_once_and_its_exit_statu
     assert proc.returncode == 3, "the shim's status is not the container's"
     await until(lambda: not pid_alive(box) and not pid_alive(client))  # killed; gone once reaped
     assert (tmp_path / "terms").read_text() == "TERM\n", "the container got SIGTERM more than once"
+
+
+def _write_lease(path: Path, until: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{until:.6f}\n")
+    tmp.replace(path)
+
+
+def test_a_recorded_member_outlives_its_agent_within_its_lease_renewed_by_the_file(tmp_path: Path) -> None:
+    """Adoptable mode: once the agent wrote the lease file, the agent's death stops nothing; renewals through the
+    file (the agent's next run) keep the member; when they stop, SIGTERM at the lease's end, SIGKILL a grace later."""
+    lease, grace = 1.5, 1.0
+    lease_file, exit_file = tmp_path / "m.lease", tmp_path / "m.exit"
+    agent = os.fork()
+    if agent == 0:  # the "agent": start the member, record it (the lease file), then die without stopping it
+        try:
+            r, w = os.pipe()
+            files = (lease_file, exit_file)
+            argv = [*shim_argv(grace, w, lease_until=lease_clock() + lease, files=files), sys.executable, "-c", MEMBER, str(tmp_path)]
+            proc = subprocess.Popen(argv, start_new_session=True, preexec_fn=_term_with_agent, pass_fds=(w,))
+            os.close(w)
+            _read_status(r)
+            _write_lease(lease_file, lease_clock() + lease)
+            (tmp_path / "shim.pid").write_text(str(proc.pid))
+            time.sleep(0.3)  # the shim sees the file
+        finally:
+            os._exit(0)
+    os.waitpid(agent, 0)
+    shim = int((tmp_path / "shim.pid").read_text())
+    _groups.append(shim)
+    _wait(lambda: (tmp_path / "member.pid").exists())
+    member = int((tmp_path / "member.pid").read_text())
+    # The agent is dead; a next run of it renews the lease through the file: the member runs on.
+    renewed_until = time.monotonic() + 3 * lease
+    while time.monotonic() < renewed_until:
+        _write_lease(lease_file, lease_clock() + lease)
+        assert pid_alive(member) and not (tmp_path / "child.term").exists(), "stopped although its lease was renewed"
+        time.sleep(lease / 5)
+    stopped_at = time.monotonic()
+    _wait(lambda: (tmp_path / "child.term").exists(), timeout=30)  # the lease ran out: SIGTERM to the group
+    _wait(lambda: not pid_alive(member), timeout=30)
+    assert time.monotonic() - stopped_at >= grace, "killed before the grace period was over"
+    _wait(lambda: not pid_alive(shim), timeout=10)
+
+
+def test_an_agent_that_dies_before_it_recorded_its_member_takes_it_down(tmp_path: Path) -> None:
+    """Adoptable mode, but no lease file yet: the member ends with its agent, as without adoption."""
+    lease_file, exit_file = tmp_path / "m.lease", tmp_path / "m.exit"
+    agent = os.fork()
+    if agent == 0:
+        try:
+            r, w = os.pipe()
+            argv = [*shim_argv(1.0, w, lease_until=lease_clock() + 3600, files=(lease_file, exit_file)), sys.executable, "-c", MEMBER]
+            subprocess.Popen([*argv, str(tmp_path)], start_new_session=True, preexec_fn=_term_with_agent, pass_fds=(w,))
+            os.close(w)
+            _read_status(r)
+            while not (tmp_path / "member.pid").exists():
+                time.sleep(0.01)
+        finally:
+            os._exit(0)
+    os.waitpid(agent, 0)
+    member = int((tmp_path / "member.pid").read_text())
+    _groups.append(os.getpgid(member))
+    _wait(lambda: (tmp_path / "child.term").exists())
+    _wait(lambda: not pid_alive(member), timeout=30)
+
+
+def test_an_adoptable_members_exit_status_is_written_for_an_agent_that_did_not_start_it(tmp_path: Path) -> None:
+    lease_file, exit_file = tmp_path / "m.lease", tmp_path / "m.exit"
+    _write_lease(lease_file, lease_clock() + 3600)
+    for code, expected in (("import sys; sys.exit(5)", "5"), ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", "-15")):
+        r, w = os.pipe()
+        argv = [*shim_argv(1.0, w, lease_until=lease_clock() + 3600, files=(lease_file, exit_file)), sys.executable, "-c", code]
+        proc = subprocess.Popen(argv, start_new_session=True, pass_fds=(w,))
+        os.close(w)
+        _groups.append(proc.pid)
+        assert _read_status(r).startswith("ok ")
+        proc.wait(30)
+        assert exit_file.read_text().strip() == expected
