@@ -319,9 +319,7 @@ def _fit_key(upper: tuple[str, ...], pool: Pool, job: PendingJob) -> tuple[str, 
     return (job.gpu_type, -1 if cap is None else cap, False)
 
 
-def no_fit_reason(
-    job: PendingJob, pool: Pool, holds: tuple[str, ...] = (), start_at: float = 0.0, now: float = 0.0
-) -> PendingReason:
+def no_fit_reason(job: PendingJob, pool: Pool, holds: tuple[str, ...] = (), start_at: float = 0.0, now: float = 0.0) -> PendingReason:
     """Why a job that an emptier fleet could hold does not fit now (and the reservation it holds, if any)."""
     if not pool.nodes:
         return pending_reason(Pending.NO_SCHEDULABLE_NODE, gpu_type=job.gpu_type)
