@@ -39,7 +39,7 @@ from tests.conftest import small_cluster
 from worker_agent.launch import LaunchActivities
 from workflows import starter
 from workflows.job import TrainingJobWorkflow
-from workflows.messages import JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted
+from workflows.messages import AGENT_RESTARTING, MEMBER_GONE, JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted
 
 HISTORIES = Path(__file__).parent / "histories"
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
@@ -89,15 +89,23 @@ while True:
 
 class StandIn:
     """A launch activity whose first attempt ends unconfirmed ("error": it raises; "silent": it stops
-    heartbeating); later attempts start and exit 0."""
+    heartbeating, and its launch again finds no member to adopt) or whose agent restarts ("restarting": the
+    first launch says so, the launch again adopts the member, which exits 0); later attempts start and exit 0."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
 
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
+        if inp.adopt:
+            if self.mode == "restarting":
+                return LaunchResult(exit_code=0)
+            raise ApplicationError("no member to adopt", type=MEMBER_GONE, non_retryable=True)
         started = MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=0)
         await activity.client().get_workflow_handle(inp.job_id).signal("member_started", started)
+        if inp.attempt == 1 and self.mode == "restarting":
+            await asyncio.sleep(0.5)
+            raise ApplicationError("the agent is stopping", type=AGENT_RESTARTING)
         if inp.attempt == 1 and self.mode == "error":
             await asyncio.sleep(0.5)
             raise ApplicationError("the agent could not watch its member")
@@ -244,6 +252,11 @@ async def heartbeat_lost_fenced(p: Platform) -> tuple[Handle, str]:
     return handle, "SUCCEEDED"
 
 
+async def agent_restarted(p: Platform) -> tuple[Handle, str]:
+    _, handle = await p.start("agent-restarted", ["python3", "-c", SLEEP])
+    return handle, "SUCCEEDED"
+
+
 #: Scenario name -> (how it runs, the launch activity: "real", or a StandIn mode).
 SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "succeeded": (succeeded, "real"),
@@ -260,6 +273,7 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
     "timed-out": (timed_out, "real"),
     "member-error-fenced": (member_error_fenced, "error"),
     "heartbeat-lost-fenced": (heartbeat_lost_fenced, "silent"),
+    "agent-restarted": (agent_restarted, "restarting"),
 }
 
 

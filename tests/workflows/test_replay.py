@@ -54,6 +54,8 @@ def test_every_kind_of_history_is_there() -> None:
         f"with-checkpoint-order-{name}"
         for name in ("checkpoints", "checkpoints-out-of-order", "preempted-resumed", "node-lost", "member-error-fenced", "cancelled")
     }
+    # A member launched again for its restarted agent to adopt (relaunch-after-agent-restart): adopted, or not found.
+    assert {p.stem for p in HISTORIES} >= {"with-relaunch-agent-restarted", "with-relaunch-heartbeat-lost-fenced"}
 
 
 def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
