@@ -78,6 +78,11 @@ CHECKPOINT_ORDER_PATCH = "newest-checkpoint-wins"
 #: A member whose launch activity stopped heartbeating (or whose agent said it is restarting) on a node not
 #: declared lost is launched again for the agent's next run to adopt, instead of the gang being stopped.
 RELAUNCH_PATCH = "relaunch-after-agent-restart"
+#: Temporal's status says the job's outcome: FAILED and TIMED_OUT fail the workflow (non-retryable, with the
+#: reason and the outcome as details), a cancel through Temporal ends it cancelled.
+OUTCOME_PATCH = "workflow-status-is-the-outcome"
+#: The ApplicationError types a failed job's workflow fails with.
+JOB_FAILED, JOB_TIMED_OUT = "JobFailed", "JobTimedOut"
 #: How often one member may be launched again in one attempt.
 MAX_RELAUNCHES = 5
 #: The stop activity runs in the agent and returns at once; a retry covers a transient error.
@@ -179,6 +184,8 @@ class WorkflowState:
     latest_checkpoint: str = ""
     #: The number (``CheckpointReport.seq``) of the current attempt's report that named it.
     checkpoint_seq: int = 0
+    #: A cancel came through Temporal itself (its UI or CLI), not the platform's cancel signal.
+    cancelled_through_temporal: bool = False
 
 
 @workflow.defn(name="TrainingJob")
@@ -266,8 +273,17 @@ class TrainingJobWorkflow:
             outcome = await self._lifecycle(job)
         except asyncio.CancelledError:
             # Cancelled from Temporal itself (UI or CLI): end the same way as a cancel signal.
+            self.s.cancelled_through_temporal = True
             outcome = await self._finish(JobState.CANCELLED, None, "workflow cancelled", "cancel")
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if outcome.state in (JobState.FAILED, JobState.TIMED_OUT, JobState.CANCELLED) and workflow.patched(OUTCOME_PATCH):
+            # Temporal's own status (and its UI's filters) say what became of the job.
+            if outcome.state == JobState.CANCELLED:
+                if self.s.cancelled_through_temporal:
+                    raise asyncio.CancelledError(outcome.reason)
+                return outcome  # a cancel signal: completed, with the JobState search attribute CANCELLED
+            kind = JOB_FAILED if outcome.state == JobState.FAILED else JOB_TIMED_OUT
+            raise ApplicationError(f"{outcome.state.value}: {outcome.reason}", outcome, type=kind, non_retryable=True)
         return outcome
 
     async def _lifecycle(self, job: JobInput) -> JobOutcome:
@@ -497,6 +513,7 @@ class TrainingJobWorkflow:
         try:
             await workflow.wait_condition(condition, timeout=timeout)
         except asyncio.CancelledError:
+            self.s.cancelled_through_temporal = True
             if self.s.cancel is None:
                 self.s.cancel = CancelRequest(reason="workflow cancelled through Temporal")
 

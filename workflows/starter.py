@@ -6,15 +6,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from fairgang import metrics
 from fairgang.members import PlacedMember
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
-from fairgang.spec import stored_spec
+from fairgang.spec import JobState, stored_spec
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
-from workflows.messages import CancelRequest, JobInput, JobOutcome, NodeLost, Placement, PreemptAnswer, PreemptRequest
+from workflows.messages import CancelRequest, JobInput, JobOutcome, JobStatus, NodeLost, Placement, PreemptAnswer, PreemptRequest
 
 
 async def connect(settings: Settings) -> Client:
@@ -66,6 +67,23 @@ async def start_job_workflow(client: Client, job: Any, settings: Settings) -> Wo
         execution_timeout=timedelta(days=30),
         result_type=JobOutcome,
     )
+
+
+async def job_outcome(handle: WorkflowHandle[Any, JobOutcome]) -> JobOutcome:
+    """A job workflow's outcome, whatever Temporal's status says: completed (SUCCEEDED, or CANCELLED by the
+    platform's signal), failed (FAILED, TIMED_OUT: the outcome is the failure's details) or cancelled through
+    Temporal (CANCELLED)."""
+    try:
+        return await handle.result()
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
+            found = cause.details[0]
+            return JobOutcome(JobState(found["state"]), found["attempt"], found.get("exit_code"), found.get("reason", ""))
+        if isinstance(cause, CancelledError):
+            status = await handle.query("status", result_type=JobStatus)
+            return JobOutcome(state=JobState.CANCELLED, attempt=status.attempt, reason=str(cause.message))
+        raise
 
 
 async def signal_placement(client: Client, *, job_id: str, allocation_id: str, attempt: int, members: Sequence[PlacedMember]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from cli.platform import temporal_binary
 from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
@@ -305,6 +308,18 @@ def test_max_runtime_stops_the_job_gracefully_and_ends_timed_out(platform: Platf
     assert done["state"] == "TIMED_OUT", done
     assert done["end_reason"] == "max runtime reached"
     assert "stopping on SIGTERM" in log_of(platform, job["id"], 1)
+
+    async def temporal_says() -> tuple[Any, BaseException | None]:
+        handle = (await Client.connect(platform.temporal_address)).get_workflow_handle(job["id"])
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            return (await handle.describe()).status, err.cause
+        return (await handle.describe()).status, None
+
+    status, cause = asyncio.run(temporal_says())
+    assert status == WorkflowExecutionStatus.FAILED, status
+    assert isinstance(cause, ApplicationError) and cause.type == "JobTimedOut" and cause.non_retryable, cause
 
 
 def _kill_part(platform: Platform, name: str) -> int:

@@ -172,7 +172,7 @@ async def cancelled_queued(p: Platform) -> tuple[Handle, str]:
         job_id, handle = await p.start("cancelled-queued", ["python3", "-c", SLEEP])
         await p.state_is(handle, "QUEUED")
         await starter.signal_cancel(p.client, job_id=job_id, reason="by the recorder, while queued")
-        await handle.result()
+        await starter.job_outcome(handle)
     finally:
         p.placing.set()
     return handle, "CANCELLED"
@@ -324,7 +324,7 @@ async def record(prefix: str, names: list[str]) -> None:
                     run, launcher = SCENARIOS[name]
                     async with node_workers(env.client, launcher, tmp):
                         handle, expected = await run(platform)
-                        outcome = await asyncio.wait_for(handle.result(), BOUND_S)
+                        outcome = await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)
                         assert outcome.state == expected, (name, outcome)
                     history = await handle.fetch_history()
                     path = HISTORIES / f"{prefix}-{name}.json"

@@ -85,7 +85,7 @@ async def test_an_older_checkpoint_report_that_comes_last_does_not_win(store: Da
             await handle.signal("checkpoint", report("/ckpt/alpha/ordered/step-3", 3))
             await handle.signal("checkpoint", report("/ckpt/alpha/ordered/step-2", 2))  # older than step-3, and late
             await starter.preempt(env.client, job_id=job.id, reason="to resume")
-            outcome = await asyncio.wait_for(asyncio.gather(handle.result(), until_state(handle, "SUCCEEDED", service)), 60)
+            outcome = await asyncio.wait_for(asyncio.gather(starter.job_outcome(handle), until_state(handle, "SUCCEEDED", service)), 60)
             assert outcome[0].state == "SUCCEEDED" and outcome[0].attempt == 2
             [second] = [launch for launch in node.launches if launch.attempt == 2]
             assert second.resume_from == "/ckpt/alpha/ordered/step-3"

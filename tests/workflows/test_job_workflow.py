@@ -117,7 +117,7 @@ async def test_stale_bogus_and_duplicate_placements_are_dropped(store: Database)
             await asyncio.sleep(1.0)
             assert [c.allocation_id for c in node.calls] == [alloc.id]
             node.release.set()
-            outcome = await handle.result()
+            outcome = await starter.job_outcome(handle)
             assert outcome.state == "SUCCEEDED"
     finally:
         await env.shutdown()
@@ -143,7 +143,7 @@ async def test_infrastructure_failures_back_off_then_end_failed_with_the_reason(
             scheduler = asyncio.create_task(schedule_forever())
             try:
                 job_id, handle = await _start(env.client, store, settings, "crashy")
-                outcome = await asyncio.wait_for(handle.result(), 120)
+                outcome = await asyncio.wait_for(starter.job_outcome(handle), 120)
             finally:
                 scheduler.cancel()
             assert outcome.state == "FAILED"

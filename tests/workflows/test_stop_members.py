@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -33,7 +34,7 @@ from store.db import Database
 from tests.builders import job_spec
 from worker_agent.launch import LaunchActivities, pid_alive
 from workflows import starter
-from workflows.job import TrainingJobWorkflow
+from workflows.job import JOB_FAILED, JOB_STATE, TrainingJobWorkflow
 from workflows.messages import JobOutcome, JobStatus
 
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
@@ -140,12 +141,28 @@ def assert_stopped_after_a_whole_grace(d: Path) -> float:
 async def test_cancel_reaches_the_member_without_a_heartbeat_and_the_grace_counts_from_the_sigterm(harness: Harness) -> None:
     job_id, handle, d = await harness.running_job("cancel-me")
     await starter.signal_cancel(harness.client, job_id=job_id, reason="by the test")
-    outcome: JobOutcome = await asyncio.wait_for(handle.result(), BOUND_S)
+    outcome: JobOutcome = await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)
     assert outcome.state == "CANCELLED" and outcome.reason == "by the test", outcome
+    # The platform's cancel (a signal) completes the workflow; its JobState search attribute says CANCELLED.
+    described = await handle.describe()
+    assert described.status == WorkflowExecutionStatus.COMPLETED
+    assert described.typed_search_attributes.get(JOB_STATE) == "CANCELLED"
     term = assert_stopped_after_a_whole_grace(d / "r0")
     # The end was recorded after the member was gone, so after SIGTERM + grace.
     ended = next(e for e in await jobs.job_events(harness.db, job_id) if e.kind == "CANCELLED")
     assert ended.ts >= term + GRACE_S - LAG_S
+
+
+async def test_a_cancel_through_temporal_stops_the_member_and_ends_the_workflow_cancelled(harness: Harness) -> None:
+    """Temporal's own cancel (its UI, `temporal workflow cancel`): the same graceful stop, and the workflow ends
+    Canceled in Temporal, so the UI's status filter finds it."""
+    job_id, handle, d = await harness.running_job("cancel-in-temporal")
+    await handle.cancel()
+    outcome: JobOutcome = await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)
+    assert outcome.state == "CANCELLED" and outcome.attempt == 1, outcome
+    assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+    assert_stopped_after_a_whole_grace(d / "r0")
+    assert (await jobs.get_job(harness.db, job_id)).state == "CANCELLED"  # type: ignore[union-attr]
 
 
 async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after_the_grace(harness: Harness) -> None:
@@ -162,14 +179,21 @@ async def test_preempt_reaches_the_member_without_a_heartbeat_and_requeues_after
     assert requeued.message == "preempted: by the test" and requeued.ts >= term + GRACE_S - LAG_S
     # Attempt 2 waits in the queue (no placement cycle runs now): a cancel ends it.
     await starter.signal_cancel(harness.client, job_id=job_id, reason="done")
-    assert (await asyncio.wait_for(handle.result(), BOUND_S)).state == "CANCELLED"
+    assert (await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)).state == "CANCELLED"
 
 
 async def test_a_failed_gang_member_stops_the_other_without_a_heartbeat_and_its_exit_code_is_the_jobs(harness: Harness) -> None:
     """Rank 1 exits 5; rank 0 ignores SIGTERM. The stopped rank's own end (SIGKILL) is not the job's failure."""
     _, handle, d = await harness.running_job("gang-fails", gpus=16, FAIL_RANK="1")
-    outcome: JobOutcome = await asyncio.wait_for(handle.result(), BOUND_S)
+    outcome: JobOutcome = await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)
     assert outcome.state == "FAILED" and outcome.exit_code == 5, outcome
     assert outcome.reason == "member 1 exited with code 5"
+    # Temporal's own status says it: the workflow failed, non-retryable, with the job's reason.
+    assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == JOB_FAILED and cause.non_retryable
+    assert cause.message == "FAILED: member 1 exited with code 5"
     assert_stopped_after_a_whole_grace(d / "r0")
     assert times(d / "r1" / "term") == []  # it ended on its own
