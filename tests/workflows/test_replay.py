@@ -56,6 +56,8 @@ def test_every_kind_of_history_is_there() -> None:
     }
     # A member launched again for its restarted agent to adopt (relaunch-after-agent-restart): adopted, or not found.
     assert {p.stem for p in HISTORIES} >= {"with-relaunch-agent-restarted", "with-relaunch-heartbeat-lost-fenced"}
+    # The workflow's status is the job's outcome (workflow-status-is-the-outcome).
+    assert {p.stem for p in HISTORIES} >= {f"with-outcome-{n}" for n in ("failed", "timed-out", "cancelled-through-temporal", "cancelled")}
 
 
 def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
