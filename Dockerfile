@@ -12,7 +12,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    FAIRGANG_LOG_DIR=/var/lib/fairgang/logs
+    FAIRGANG_LOG_DIR=/var/lib/fairgang/logs \
+    FAIRGANG_AGENT_STATE_DIR=/var/lib/fairgang/agent-state \
+    FAIRGANG_CHECKPOINT_ROOT=/var/lib/fairgang/checkpoints
 
 WORKDIR /app
 
@@ -30,10 +32,12 @@ RUN pip install . \
     && rm -rf build ./*.egg-info \
     && groupadd --system --gid 10001 fairgang \
     && useradd --system --uid 10001 --gid fairgang --home-dir /app --shell /usr/sbin/nologin fairgang \
-    && mkdir -p /var/lib/fairgang/logs \
+    && mkdir -p /var/lib/fairgang/logs /var/lib/fairgang/agent-state /var/lib/fairgang/checkpoints \
     && chown -R fairgang:fairgang /var/lib/fairgang
 
-# A named volume mounted at /var/lib/fairgang/logs starts out owned by this user.
+# Every place a process of the image writes is absolute and this user's (/app stays root's, read-only to it):
+# logs, an agent's record of its members, the jobs' checkpoints. A named volume mounted at one of them starts
+# out owned by this user.
 USER 10001:10001
 EXPOSE 8080
 

@@ -187,15 +187,29 @@ class SweepActivities:
         if sweep is None:
             raise RuntimeError(f"no sweep {inp.sweep_id}")
         trials = await stored_sweeps.sweep_trials(self.db, sweep.id)
+        unreadable: list[dict[str, Any]] = []
         for trial, job in trials:
             if job is not None and not trial.metrics:
-                metrics = read_metrics(Path(self.settings.log_dir), job.id, job.attempt)
+                try:
+                    metrics = read_metrics(Path(self.settings.log_dir), job.id, job.attempt)
+                except OSError as err:
+                    if job.state == "SUCCEEDED":  # its metrics count: say why they are missing
+                        unreadable.append({"index": trial.index, "job_id": job.id, "error": f"{type(err).__name__}: {err}"})
+                    continue
                 if metrics:
                     await stored_sweeps.set_trial_metrics(self.db, sweep_id=sweep.id, index=trial.index, metrics=metrics)
                     trial.metrics = metrics
         summary = sweep_summary(sweep, trials, cancelled=inp.cancelled)
+        reason = inp.reason or None
+        if unreadable:
+            # Not a silent "no best trial": the worker could not read the trials' logs (FAIRGANG_LOG_DIR must be
+            # the agents' log dir, shared with this process).
+            summary["metrics_unreadable"] = unreadable
+            note = f"the metrics of {len(unreadable)} trial(s) could not be read from {self.settings.log_dir}: {unreadable[0]['error']}"
+            log.warning("sweep %s: %s", sweep.id, note)
+            reason = f"{reason}; {note}" if reason else note
         state = "CANCELLED" if inp.cancelled else "COMPLETED"
-        await stored_sweeps.set_sweep_state(self.db, sweep_id=sweep.id, state=state, summary=summary, reason=inp.reason or None)
+        await stored_sweeps.set_sweep_state(self.db, sweep_id=sweep.id, state=state, summary=summary, reason=reason)
         return {"sweep_id": sweep.id, "state": state, **summary}
 
     def all(self) -> list[object]:
@@ -203,9 +217,9 @@ class SweepActivities:
 
 
 def read_metrics(log_dir: Path, job_id: str, attempt: int) -> dict[str, float]:
-    """Metrics from rank 0's log of the job's last attempt (``FAIRGANG_METRIC name=value`` lines)."""
-    path = log_path(log_dir, job_id, attempt, 0)
-    try:
-        return parse_metrics(path.read_text(errors="replace"))
-    except OSError:
-        return {}
+    """Metrics from rank 0's log of the job's last attempt (``FAIRGANG_METRIC name=value`` lines).
+
+    Raises:
+        OSError: the log cannot be read (missing, or this process may not read it).
+    """
+    return parse_metrics(log_path(log_dir, job_id, attempt, 0).read_text(errors="replace"))

@@ -70,13 +70,36 @@ def test_one_shots_run_before_the_platform() -> None:
     assert services["agent"]["depends_on"]["api"]["condition"] == "service_healthy"
 
 
-def test_agent_and_api_share_the_log_volume() -> None:
+def test_agent_api_and_worker_share_the_log_volume() -> None:
+    """The API serves the jobs' logs and the worker reads a sweep's metrics from them: both see the agent's."""
     services = _services()
     log_dir = services["api"]["environment"]["FAIRGANG_LOG_DIR"]
-    for name in ("api", "agent"):
+    for name in ("api", "agent", "worker"):
         assert services[name]["environment"]["FAIRGANG_LOG_DIR"] == log_dir
-        assert f"fairgang-logs:{log_dir}" in services[name]["volumes"]
+        assert f"fairgang-logs:{log_dir}" in services[name]["volumes"], name
     assert "fairgang-logs" in _compose()["volumes"]
+
+
+def _dockerfile_dirs() -> set[str]:
+    """The directories the Dockerfile makes and gives to the image's user."""
+    text = (ROOT / "Dockerfile").read_text()
+    made = set(re.findall(r"mkdir -p ([^\\&\n]+)", text)[0].split())
+    assert "chown -R fairgang:fairgang /var/lib/fairgang" in text and re.search(r"^USER 10001", text, re.M)
+    return made
+
+
+def test_every_place_the_services_write_is_absolute_made_and_owned_by_the_image_user_and_kept_in_a_volume() -> None:
+    """The image's user may not write its working directory (/app is root's): a relative state, log or
+    checkpoint location, or one the image does not make, would fail the agent's first job."""
+    services, made = _services(), _dockerfile_dirs()
+    env = services["agent"]["environment"]
+    for key in ("FAIRGANG_LOG_DIR", "FAIRGANG_AGENT_STATE_DIR", "FAIRGANG_CHECKPOINT_ROOT"):
+        path = env[key]
+        assert path.startswith("/var/lib/fairgang/") and path in made, (key, path)
+        assert any(v.endswith(f":{path}") for v in services["agent"]["volumes"]), f"the agent keeps {key} in no volume"
+    text = (ROOT / "Dockerfile").read_text()
+    for key in ("FAIRGANG_LOG_DIR", "FAIRGANG_AGENT_STATE_DIR", "FAIRGANG_CHECKPOINT_ROOT"):
+        assert f"{key}={env[key]}" in text, f"the image's own default of {key} differs from the compose file's"
 
 
 def test_agent_matches_the_seeded_cluster() -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from activities.sweeps import SweepActivities
+from fairgang.settings import Settings, log_path
+from fairgang.spec import JobState
 from store import jobs, sweeps
 from store.db import Database
 from tests.builders import job_spec
+from workflows.sweep_messages import FinishSweepInput
 
 
 async def _sweep(db: Database, key: str = "k", **overrides: Any) -> tuple[Any, bool]:
@@ -53,3 +58,23 @@ async def test_a_trial_is_recorded_once_and_listed_with_its_job(seeded: Database
     ]
     trial = await sweeps.get_trial(seeded, sweep_id="s-k", index=1)
     assert trial is not None and trial.reason == "too many GPUs"
+
+
+async def test_a_sweep_whose_trials_logs_cannot_be_read_says_so(seeded: Database, tmp_path: Path) -> None:
+    """The worker must read the trials' logs (the agents' FAIRGANG_LOG_DIR): without them the sweep names the
+    trials whose metrics it could not read, instead of ending without a best trial and no word why."""
+    await _sweep(seeded, spec={"name": "lr", "metric": {"name": "loss", "goal": "minimize"}})
+    for index in (0, 1):
+        job, _ = await jobs.create_job(seeded, spec=job_spec(name=f"lr-{index}"), tenant="alpha")
+        await jobs.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.SUCCEEDED, event_key="end-1")
+        await sweeps.add_trial(seeded, sweep_id="s-k", index=index, params={"lr": index}, job_id=job.id)
+        if index == 0:  # only trial 0's log is where the worker looks
+            path = log_path(tmp_path, job.id, 1, 0)
+            path.parent.mkdir(parents=True)
+            path.write_text("FAIRGANG_METRIC loss=0.5\n")
+    finish = SweepActivities(seeded, Settings(database_url=seeded.url, log_dir=tmp_path)).finish_sweep
+    result = await finish(FinishSweepInput(sweep_id="s-k", cancelled=False))
+    assert result["best"]["index"] == 0 and [u["index"] for u in result["metrics_unreadable"]] == [1]
+    assert "FileNotFoundError" in result["metrics_unreadable"][0]["error"]
+    done = await sweeps.get_sweep(seeded, "s-k")
+    assert done is not None and done.reason is not None and "the metrics of 1 trial(s) could not be read" in done.reason
