@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from http import HTTPStatus
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
@@ -170,30 +170,47 @@ class AuthThrottle:
             times.popleft()
 
 
-_KNOWN_QUERY: dict[int, frozenset[str]] = {}
+def _many(annotation: Any) -> bool:
+    """Does the annotation take several values (a list, tuple, set, in a union or not)?"""
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    return any(_many(arg) for arg in get_args(annotation)) if origin is not None else False
 
 
-def _query_names(dependant: Dependant) -> set[str]:
-    names = {p.alias for p in dependant.query_params}
+def _query_params(dependant: Dependant) -> dict[str, bool]:
+    """Query parameter name -> whether it takes several values, for the route and its dependencies."""
+    params = {p.alias: _many(p.field_info.annotation) for p in dependant.query_params}
     for sub in dependant.dependencies:
-        names |= _query_names(sub)
-    return names
+        params |= _query_params(sub)
+    return params
 
 
-def _declared_query(route: APIRoute) -> frozenset[str]:
+_KNOWN_QUERY: dict[int, dict[str, bool]] = {}
+
+
+def _declared_query(route: APIRoute) -> dict[str, bool]:
     known = _KNOWN_QUERY.get(id(route))
     if known is None:
-        known = _KNOWN_QUERY[id(route)] = frozenset(_query_names(route.dependant))
+        known = _KNOWN_QUERY[id(route)] = _query_params(route.dependant)
     return known
 
 
 async def known_query_only(request: Request) -> None:
-    """An app-wide dependency: refuse (422, each named) query parameters the route does not declare."""
+    """An app-wide dependency: refuse (422, each named) query parameters the route does not declare, and a
+    parameter of one value given more than once (never silently the last of them)."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.query_params:
         return
-    unknown = sorted(set(request.query_params) - _declared_query(route))
-    if unknown:
-        raise RequestValidationError(
-            [{"loc": ("query", name), "msg": "unknown query parameter", "type": "extra_forbidden"} for name in unknown]
-        )
+    declared = _declared_query(route)
+    problems = [
+        {"loc": ("query", name), "msg": "unknown query parameter", "type": "extra_forbidden"}
+        for name in sorted(set(request.query_params) - set(declared))
+    ]
+    problems += [
+        {"loc": ("query", name), "msg": "given more than once; it takes one value", "type": "too_many"}
+        for name in sorted(set(request.query_params) & set(declared))
+        if not declared[name] and len(request.query_params.getlist(name)) > 1
+    ]
+    if problems:
+        raise RequestValidationError(problems)

@@ -6,7 +6,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from rich.console import Console
 
+from cli import sweeps as cli_sweeps
 from cli.sweeps import _print_schedules
 
 
@@ -22,7 +24,7 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_schedule_ls_shows_the_cron_or_the_interval_and_the_next_run_with_its_date(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, utc: None
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(cli_sweeps, "console", Console(width=200))  # whatever the terminal (or none) is
     base = {"tenant": "alpha", "overlap": "skip", "paused": False, "actions_taken": 3, "running": []}
     rows = [
         base | {"id": "nightly", "cron": ["0 2 * * *"], "interval_s": [], "next_runs": [1796263200.0]},

@@ -130,6 +130,8 @@ async def test_a_query_parameter_the_route_does_not_declare_is_refused_with_its_
     misspelt = await api.get("/v1/jobs", params={"stat": "RUNNING", "limit": 5}, headers=alpha)
     assert misspelt.status_code == 422 and misspelt.headers["content-type"] == "application/problem+json"
     assert misspelt.json()["problems"] == [{"field": "query.stat", "reason": "unknown query parameter"}]
+    twice = await api.get("/v1/jobs", params=[("state", "RUNNING"), ("state", "QUEUED")], headers=alpha)
+    assert twice.status_code == 422 and twice.json()["problems"][0]["field"] == "query.state"
     # Declared ones, of the route and of its dependencies, pass.
     assert (await api.get("/v1/jobs", params={"state": "RUNNING", "limit": 5}, headers=alpha)).status_code == 200
     assert (await api.get("/v1/audit", params={"target": "node:h1"}, headers={"Authorization": "Bearer admin-token"})).status_code == 200

@@ -243,3 +243,8 @@ def platform(platform_factory: Any) -> Platform:
     p: Platform = platform_factory()
     p.start()
     return p
+
+
+#: Member leases (and the lost-node timeout, above them) long enough to restart agents or the whole platform
+#: within them, however loaded the machine (the test platform's own, 8 s and 10 s, are for tests of losses).
+RESTART_WITHIN_LEASE = {"FAIRGANG_SELF_FENCE_AFTER_S": "60", "FAIRGANG_NODE_LOST_AFTER_S": "90"}

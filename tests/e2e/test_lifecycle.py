@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import ApplicationError
 
 from cli.platform import temporal_binary
-from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
+from tests.e2e.conftest import REPO, RESTART_WITHIN_LEASE, TERMINAL, Platform, job_spec, only
 from worker_agent.launch import pid_alive
 
 pytestmark = pytest.mark.e2e
@@ -461,10 +461,14 @@ def test_a_frozen_agents_member_is_fenced_by_its_shim_and_its_late_heartbeat_rev
     wait_for_node(platform, frozen_node, "READY", schedulable=True)
 
 
-def test_kill_9_of_the_agent_running_a_member_keeps_the_attempt_going(platform: Platform, tmp_path: Path) -> None:
+def test_kill_9_of_the_agent_running_a_member_keeps_the_attempt_going(platform_factory: Any, tmp_path: Path) -> None:
     """kill -9 of a member's agent, restarted at once (as a service manager would): the member runs on under its
     shim, the restarted agent adopts it when its launch, which stopped heartbeating, comes again, and the first
-    attempt goes on to SUCCEEDED, reporting its checkpoints to the end."""
+    attempt goes on to SUCCEEDED, reporting its checkpoints to the end. (A platform whose leases outlast a
+    restart on a loaded machine: the module's are short, for the tests of losses.)"""
+    platform: Platform = platform_factory()
+    platform.extra_env.update(RESTART_WITHIN_LEASE)
+    platform.start()
     ticks = tmp_path / "ticks"
     job = platform.submit(timed_training_spec("survives-agent-restart", ticks, steps=400, every=20))
     running = wait_for_checkpoint(platform, job["id"])
@@ -500,6 +504,9 @@ def test_kill_9_of_one_part_loses_no_job(platform: Platform, part: str) -> None:
         done = platform.wait_for(job["id"], TERMINAL, timeout=180)
         assert done["state"] == "SUCCEEDED", (part, done)
     if part == "agent":
-        # The restarted agent adopted the member: the same attempt went on to its end, never queued again.
+        # Restarted within the member's lease, the agent adopts it and the attempt goes on (tested on its own
+        # above); on a machine too loaded to restart it within this platform's 8 s lease, it is queued again and
+        # resumes from its checkpoint. Either way nothing is lost.
         done = platform.job(running["id"])
-        assert done["attempt"] == 1 and not any(e["kind"] == "REQUEUED" for e in done["events"]), done
+        if done["attempt"] >= 2:
+            assert resumed_step(log_of(platform, running["id"], done["attempt"])) > 0

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec, only
+from tests.e2e.conftest import REPO, RESTART_WITHIN_LEASE, TERMINAL, Platform, job_spec, only
 
 pytestmark = pytest.mark.e2e
 
@@ -211,6 +211,8 @@ def _port_free(port: int) -> bool:
 
 def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: Any, tmp_path: Path) -> None:
     p: Platform = platform_factory()
+    # Leases long enough for a stop and a start of the whole platform on a loaded machine.
+    p.extra_env.update(RESTART_WITHIN_LEASE)
     p.start()
     # The blocker holds the L40S node until the test lets it end (not for a fixed time: on a loaded machine
     # the waiter's pending reason may come later than any fixed time).

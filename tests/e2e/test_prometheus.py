@@ -46,8 +46,9 @@ class Prometheus:
         assert len(result) <= 1, f"{expr}: more than one series: {result}"
         return float(result[0]["value"][1]) if result else None
 
-    def eventually(self, expr: str, want: float, timeout: float = 20) -> None:
-        """The query's value becomes ``want`` (the latest scrape may predate the API's answer by a second)."""
+    def eventually(self, expr: str, want: float, timeout: float = 90) -> None:
+        """The query's value becomes ``want`` (the latest scrape may predate the API's answer; on a loaded machine
+        the API's view worker may recompute /metrics only after some seconds)."""
         deadline = time.monotonic() + timeout
         got = self.value(expr)
         while got != want and time.monotonic() < deadline:
