@@ -367,7 +367,10 @@ class TrainingJobWorkflow:
                 task_queue=f"node-{member.node_id}",
                 start_to_close_timeout=timedelta(seconds=job.max_runtime_s + job.grace_period_s + 300),
                 heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
-                schedule_to_start_timeout=timedelta(seconds=job.launch_start_timeout_s),
+                # Launched again to adopt: its agent may take as long to come back as the member's lease lasts.
+                schedule_to_start_timeout=timedelta(
+                    seconds=max(job.launch_start_timeout_s, job.self_fence_after_s) if adopt else job.launch_start_timeout_s
+                ),
                 # No retry by Temporal: the workflow decides (it launches again for an agent's restart, and
                 # re-places the job when the node is lost).
                 retry_policy=RetryPolicy(maximum_attempts=1),

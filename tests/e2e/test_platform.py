@@ -209,6 +209,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
+@pytest.mark.timeout(900)  # three starts and two stops of the whole platform, on a loaded machine
 def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: Any, tmp_path: Path) -> None:
     p: Platform = platform_factory()
     # Leases long enough for a stop and a start of the whole platform on a loaded machine.
