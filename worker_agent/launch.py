@@ -254,7 +254,8 @@ class LaunchActivities:
         status_r, status_w = os.pipe()
         files = self._member_files(inp.allocation_id, inp.rank)
         keep_r, keep_w = os.pipe() if self.lease_s is not None and files is None else (-1, -1)
-        if files is not None:
+        if files is not None:  # the shim writes the exit file there, maybe before this agent records the member
+            files[1].parent.mkdir(parents=True, exist_ok=True)
             files[1].unlink(missing_ok=True)
         cli = self.runtime if container else ""
         shim_uid = uid if not container else None  # a container's uid is the runtime's --user
@@ -509,7 +510,6 @@ class LaunchActivities:
         if not self.adoptable:
             return None
         assert self.state_dir is not None
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         stem = self.state_dir / f"{allocation_id}-rank-{rank}"
         return stem.with_suffix(".lease"), stem.with_suffix(".exit")
 
@@ -705,6 +705,15 @@ def terminate(member: RunningMember) -> None:
         os.killpg(member.pid, signal.SIGTERM)
 
 
+async def _remove_container(member: RunningMember) -> None:
+    """SIGKILL and remove the member's container by name (whatever its shim could not stop or left behind)."""
+    for words in (("kill", "--signal", "KILL"), ("rm", "-f")):
+        cleanup = await asyncio.create_subprocess_exec(
+            member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        await cleanup.wait()
+
+
 async def stop_member(
     member: RunningMember, heartbeat: Callable[[], None] | None = None, exit_status: Callable[[RunningMember], int | None] | None = None
 ) -> int | None:
@@ -724,11 +733,7 @@ async def stop_member(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(member.pid, signal.SIGKILL)
         if member.container:  # whatever a shim that died too left of it
-            for words in (("kill", "--signal", "KILL"), ("rm", "-f")):
-                cleanup = await asyncio.create_subprocess_exec(
-                    member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-                )
-                await cleanup.wait()
+            await _remove_container(member)
         return exit_status(member) if exit_status is not None else None
     if member.container:
         # Our shim runs the container: SIGTERM to its group, and it stops the container by name (SIGTERM once,
@@ -736,11 +741,7 @@ async def stop_member(
         terminate(member)
         grace = member.grace_period_s + CONTAINER_STOP_MARGIN_S
         code = await stop_process_group(member.proc, grace, heartbeat, signalled_at=member.term_at)
-        for words in (("kill", "--signal", "KILL"), ("rm", "-f")):  # in case the shim could not finish
-            cleanup = await asyncio.create_subprocess_exec(
-                member.runtime, *words, member.container, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-            )
-            await cleanup.wait()
+        await _remove_container(member)  # in case the shim could not finish
         return code
     terminate(member)
     return await stop_process_group(member.proc, member.grace_period_s, heartbeat, signalled_at=member.term_at)

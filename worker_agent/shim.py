@@ -138,7 +138,7 @@ def main(args: list[str]) -> int:
     # Adoptable members: the lease lives in a file the agent (or the next run of the agent) rewrites, and the
     # exit status goes to a file that the next run of the agent reads when this shim ended while none ran.
     lease_file, exit_file = opts.get("--lease-file", ""), opts.get("--exit-file", "")
-    lease_seen = 0.0
+    lease_seen = 0
     cli, container = opts.get("--container-cli", ""), opts.get("--container", "")
     uid = int(opts["--uid"]) if "--uid" in opts else None
     as_uid: dict[str, object] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
