@@ -70,6 +70,14 @@ ignore = os.environ.get("IGNORE_TERM") == f"{attempt}:{rank}"
 if ignore:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal = lambda *a: None
+pause = os.environ.get("PAUSE_WHILE")
+if pause:  # the training's steps wait while this file exists (a test holds a job at a point)
+    _sleep = time.sleep
+    def sleep(seconds):
+        _sleep(seconds)
+        while threading.current_thread() is threading.main_thread() and os.path.exists(pause):
+            _sleep(0.05)
+    time.sleep = sleep
 
 def tick():
     with open(out, "a") as f:
@@ -469,11 +477,13 @@ def test_kill_9_of_the_agent_running_a_member_keeps_the_attempt_going(platform_f
     platform: Platform = platform_factory()
     platform.extra_env.update(RESTART_WITHIN_LEASE)
     platform.start()
-    ticks = tmp_path / "ticks"
-    job = platform.submit(timed_training_spec("survives-agent-restart", ticks, steps=400, every=20))
+    ticks, pause = tmp_path / "ticks", tmp_path / "pause"
+    job = platform.submit(timed_training_spec("survives-agent-restart", ticks, steps=400, every=20, env={"PAUSE_WHILE": str(pause)}))
     running = wait_for_checkpoint(platform, job["id"])
     node = running["allocation"]["members"][0]["node_id"]
     member = int(wait_for_file(tmp_path / "ticks.pid-1-0"))
+    # The member waits (alive, not training) until its agent is back, however long a loaded machine takes.
+    pause.touch()
     old_agent = _kill_part(platform, f"agent-{node}")
     agent_log = platform.data_dir / "process-logs" / f"agent-{node}.log"
     deadline = time.monotonic() + 60
@@ -483,6 +493,7 @@ def test_kill_9_of_the_agent_running_a_member_keeps_the_attempt_going(platform_f
     new_agent = int(json.loads((platform.data_dir / "pids.json").read_text())[f"agent-{node}"])
     assert new_agent != old_agent and pid_alive(member), "the member did not outlive its agent"
     adopted_at = platform.job(job["id"])["latest_checkpoint"]
+    pause.unlink()
     done = platform.wait_for(job["id"], TERMINAL, timeout=120)
     assert done["state"] == "SUCCEEDED" and done["attempt"] == 1, done
     assert not any(e["kind"] in ("REQUEUED", "REVOKED") for e in done["events"]), done["events"]
