@@ -8,7 +8,7 @@ from temporalio.exceptions import ApplicationError
 from fairgang.spec import JobState
 from store import jobs, placement
 from store.db import Database
-from workflows.messages import CheckpointInput, QueuedInput, RequeueInput, RevokeInput, TransitionInput
+from workflows.messages import CheckpointInput, JobRef, QueuedInput, RequeueInput, RevokeInput, TransitionInput
 
 
 class StoreActivities:
@@ -56,5 +56,17 @@ class StoreActivities:
         """Record the job's checkpoint, unless a newer one is recorded already (False then)."""
         return await jobs.set_latest_checkpoint(self.db, job_id=inp.job_id, checkpoint=inp.path, attempt=inp.attempt, seq=inp.seq)
 
+    @activity.defn(name="latest_checkpoint")
+    async def latest_checkpoint(self, inp: JobRef) -> str:
+        """The job's latest checkpoint in the store ("" if none): what its next attempt resumes from."""
+        return await jobs.latest_checkpoint(self.db, inp.job_id)
+
     def all(self) -> list[object]:
-        return [self.mark_queued, self.record_transition, self.requeue, self.revoke_allocation, self.record_checkpoint]
+        return [
+            self.mark_queued,
+            self.record_transition,
+            self.requeue,
+            self.revoke_allocation,
+            self.record_checkpoint,
+            self.latest_checkpoint,
+        ]

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 
 from api import health
 from api.deps import Caller, State, require_admin, require_node
-from api.schemas import NodeAnswer, NodeCredential, NodeEnrolment, NodeHeartbeat, NodeRegistration
-from store import nodes
+from api.schemas import CheckpointRecorded, CheckpointReportIn, NodeAnswer, NodeCredential, NodeEnrolment, NodeHeartbeat, NodeRegistration
+from store import jobs, nodes
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -91,3 +91,20 @@ async def heartbeat(state: State, who: Caller, node_id: str, body: NodeHeartbeat
     accepted, live, faults = await health.heartbeat(state, node_id=node_id, boot_id=body.boot_id, reports=reports)
     fence = await nodes.report_running(state.db, node_id=node_id, running=body.running, live=live)
     return NodeAnswer(accepted=accepted, live_allocations=live, faults=faults, fence=fence)
+
+
+@router.post("/nodes/{node_id}/checkpoints", response_model=CheckpointRecorded)
+async def report_checkpoint(state: State, who: Caller, node_id: str, body: CheckpointReportIn) -> CheckpointRecorded:
+    """The newest checkpoint of a job whose rank 0 runs on this node (its agent reads the job's LATEST marker).
+
+    Recorded in the store, not in the job's workflow (whose history stays bounded); an older report (a lower
+    ``seq`` of the same attempt, or an earlier attempt's) than the newest recorded changes nothing.
+    """
+    require_node(who, node_id)
+    try:
+        latest = await jobs.report_checkpoint(state.db, node_id=node_id, allocation_id=body.allocation_id, path=body.path, seq=body.seq)
+    except LookupError as err:
+        raise HTTPException(404, str(err)) from None
+    except jobs.NotOnThisNode as err:
+        raise HTTPException(403, str(err)) from None
+    return CheckpointRecorded(latest=latest)

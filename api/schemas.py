@@ -208,6 +208,21 @@ class NodeAnswer(BaseModel):
     faults: dict[int, list[dict[str, Any]]] = {}
 
 
+class CheckpointReportIn(BaseModel):
+    """An agent's report of the newest checkpoint of the rank 0 member it runs."""
+
+    allocation_id: str = Field(min_length=1, max_length=64)
+    #: The path the job's LATEST marker names, as the job sees it.
+    path: str = Field(min_length=1, max_length=1024)
+    #: The report's number within its attempt (1, 2, ...): a lower one than the newest recorded comes late.
+    seq: int = Field(ge=1)
+
+
+class CheckpointRecorded(BaseModel):
+    #: False when a newer report was recorded already (this one came late and changed nothing).
+    latest: bool
+
+
 class FaultInjection(BaseModel):
     #: One of fairgang.health.FAULT_KINDS: xid, ecc_uncorrectable, ecc_correctable, retired_pages, thermal, power.
     kind: str

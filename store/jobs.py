@@ -280,6 +280,38 @@ async def set_latest_checkpoint(
         return True
 
 
+class NotOnThisNode(Exception):
+    """A node reported for an allocation whose rank 0 it does not run."""
+
+
+async def report_checkpoint(db: Database, *, node_id: str, allocation_id: str, path: str, seq: int, now: float | None = None) -> bool:
+    """A node's agent reports the newest checkpoint of the rank 0 member it runs (the job's LATEST marker).
+
+    Checkpoints reach the store this way, not through the job's workflow, whose history would grow with every
+    one; the workflow reads the latest when it launches an attempt again. Only the node running rank 0 of the
+    allocation may report for it. True if the path is the job's latest checkpoint now (as
+    :func:`set_latest_checkpoint`).
+
+    Raises:
+        LookupError: the allocation does not exist.
+        NotOnThisNode: rank 0 of the allocation runs elsewhere.
+    """
+    async with db.sessions() as session:
+        alloc = await session.get(Allocation, allocation_id)
+    if alloc is None:
+        raise LookupError(f"allocation {allocation_id} does not exist")
+    if not any(m["rank"] == 0 and m["node_id"] == node_id for m in alloc.members):
+        raise NotOnThisNode(f"rank 0 of allocation {allocation_id} does not run on node {node_id}")
+    return await set_latest_checkpoint(db, job_id=alloc.job_id, checkpoint=path, attempt=alloc.attempt, seq=seq, now=now)
+
+
+async def latest_checkpoint(db: Database, job_id: str) -> str:
+    """The job's latest recorded checkpoint ("" if none)."""
+    async with db.sessions() as session:
+        found = (await session.execute(select(col(Job.latest_checkpoint)).where(col(Job.id) == job_id))).scalar_one_or_none()
+    return found or ""
+
+
 async def queued_jobs(db: Database) -> Sequence[Job]:
     async with db.sessions() as session:
         query = (

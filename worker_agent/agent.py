@@ -42,6 +42,7 @@ from worker_agent.gpus import GpuBackend
 from worker_agent.isolation import keep_private, run_as_from
 from worker_agent.launch import LaunchActivities, stop_member
 from worker_agent.shim import lease_clock
+from workflows.messages import CheckpointReport
 
 log = logging.getLogger("fairgang.agent")
 
@@ -87,6 +88,7 @@ class NodeAgent:
             gpu_devices=gpu_devices,
             lease_s=settings.self_fence_after_s,
             run_as=run_as,
+            report_checkpoint=self.report_checkpoint,
         )
         if lease_too_short(settings.self_fence_after_s, settings.node_heartbeat_interval_s):
             log.warning(
@@ -120,6 +122,22 @@ class NodeAgent:
         self.registered = True
         log.info("node %s registered (boot %s)", self.node_id, self.boot_id)
         return list(answer["live_allocations"])
+
+    async def report_checkpoint(self, report: CheckpointReport) -> bool:
+        """Record a rank 0 member's newest checkpoint in the store, through the API; False if it did not get there
+        (the launch tries again at its next look; a report the store finds stale counts as recorded)."""
+        body = {"allocation_id": report.allocation_id, "path": report.path, "seq": report.seq}
+        try:
+            resp = await self.http.post(f"/v1/nodes/{self.node_id}/checkpoints", json=body)
+        except (httpx.HTTPError, OSError) as err:
+            log.warning("checkpoint report of allocation %s failed: %s", report.allocation_id, err)
+            return False
+        if resp.status_code >= 500 or resp.status_code == 429:
+            log.warning("checkpoint report of allocation %s: %s", report.allocation_id, resp.status_code)
+            return False
+        if resp.status_code != 200:  # refused for good (the allocation is gone, or not this node's): not retried
+            log.warning("checkpoint report of allocation %s refused: %s %s", report.allocation_id, resp.status_code, resp.text[:200])
+        return True
 
     def fence(self, live: list[str], asked_at: float, stale: list[str] | None = None) -> None:
         """Kill anything running whose allocation the store no longer holds (invariant 4).

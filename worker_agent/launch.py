@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,6 +157,10 @@ class RunningMember:
 _LOCAL_FIELDS = ("proc", "keepalive_fd", "started", "term_at", "stop", "watchers")
 
 
+#: Records a checkpoint report in the store; True when it was (False: try again later).
+CheckpointReporter = Callable[[CheckpointReport], Awaitable[bool]]
+
+
 @dataclass
 class CheckpointsSeen:
     """What rank 0's launch activity has seen of the job's LATEST marker: the newest checkpoint, and how many it
@@ -180,8 +184,12 @@ class LaunchActivities:
         gpu_devices: bool = False,
         lease_s: float | None = None,
         run_as: RunAs | None = None,
+        report_checkpoint: CheckpointReporter | None = None,
     ) -> None:
         self.node_id = node_id
+        #: Records a rank 0 member's newest checkpoint in the store (the agent: through the API); True when
+        #: recorded. None: the launch signals its job's workflow instead (agents from before the store kept them).
+        self.report_checkpoint = report_checkpoint
         #: Run each member as its tenant's own uid (worker_agent/isolation.py); None: as this process's uid.
         self.run_as = run_as
         #: The member lease (the agent's self_fence_after_s); None: members hold no lease (tests).
@@ -425,18 +433,24 @@ class LaunchActivities:
             log.warning("signal %s to %s failed: %s", name, job_id, err)
 
     async def _report_checkpoint(self, inp: LaunchInput, ckpt: Path, seen: CheckpointsSeen) -> None:
-        """Rank 0: signal the workflow when the job's LATEST marker names another checkpoint (numbered in order)."""
+        """Rank 0: report when the job's LATEST marker names another checkpoint (numbered in order), to the store
+        (through ``report_checkpoint``; one that fails is tried again at the next look) or else to the workflow."""
         if inp.rank != 0:
             return
         latest = read_latest_marker(ckpt, self._job_view(inp, ckpt))
-        if latest and latest != seen.path:
-            seen.path, seen.reports = latest, seen.reports + 1
-            member = self.running.get(inp.allocation_id)
-            if member is not None:  # an adopting launch goes on from here
-                member.checkpoint, member.reports = seen.path, seen.reports
-                self._save_state(member)
-            report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest, seq=seen.reports)
+        if not latest or latest == seen.path:
+            return
+        report = CheckpointReport(allocation_id=inp.allocation_id, attempt=inp.attempt, path=latest, seq=seen.reports + 1)
+        if self.report_checkpoint is not None:
+            if not await self.report_checkpoint(report):
+                return
+        else:
             await self._signal(inp.job_id, "checkpoint", report)
+        seen.path, seen.reports = latest, report.seq
+        member = self.running.get(inp.allocation_id)
+        if member is not None:  # an adopting launch goes on from here
+            member.checkpoint, member.reports = seen.path, seen.reports
+            self._save_state(member)
 
     def _job_view(self, inp: LaunchInput, ckpt: Path) -> str:
         return str(ckpt) if self.runtime == "process" else inp.checkpoint_dir

@@ -4,11 +4,17 @@ QUEUED -> (placement signal) -> LAUNCHING -> RUNNING -> SUCCEEDED | FAILED | CAN
 TIMED_OUT, with a REQUEUED loop when a member is lost. Every transition is written to
 the store by an idempotent activity; the store stays the fleet's source of truth and
 this workflow owns the job's lifecycle.
+
+Its history stays bounded: checkpoints go to the store (the agents report them through the API) and the
+workflow reads the latest when it launches an attempt again; each requeue continues the workflow as new,
+carrying the attempt, the failure counts and a pending cancel. One run holds one attempt: its events grow
+with the gang's size, not with the job's runtime or its checkpoints (tests/workflows/test_bounded_history.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         CheckpointReport,
         JobInput,
         JobOutcome,
+        JobRef,
         JobStatus,
         LaunchInput,
         LaunchResult,
@@ -81,6 +88,9 @@ RELAUNCH_PATCH = "relaunch-after-agent-restart"
 #: Temporal's status says the job's outcome: FAILED and TIMED_OUT fail the workflow (non-retryable, with the
 #: reason and the outcome as details), a cancel through Temporal ends it cancelled.
 OUTCOME_PATCH = "workflow-status-is-the-outcome"
+#: Checkpoints live in the store: an attempt after the first resumes from the store's latest checkpoint, and
+#: each requeue continues the workflow as new (its history bounded by one attempt's).
+BOUNDED_HISTORY_PATCH = "checkpoints-in-store-continue-as-new"
 #: The ApplicationError types a failed job's workflow fails with.
 JOB_FAILED, JOB_TIMED_OUT = "JobFailed", "JobTimedOut"
 #: How often one member may be launched again in one attempt.
@@ -269,6 +279,10 @@ class TrainingJobWorkflow:
     async def run(self, job: JobInput) -> JobOutcome:
         self.job = job
         self.s.attempt = job.attempt
+        # What an earlier run of this workflow (which continued as new) carried over.
+        self.s.own_failures, self.s.infra_failures = job.own_failures, job.infra_failures
+        if job.cancel_reason is not None:
+            self.s.cancel = CancelRequest(reason=job.cancel_reason)
         try:
             outcome = await self._lifecycle(job)
         except asyncio.CancelledError:
@@ -303,6 +317,10 @@ class TrainingJobWorkflow:
                     self.s.placement = None
                     continue
                 raise
+            # Checkpoints are in the store (histories from before that replay as they ran: from the reports' signals).
+            if self.s.attempt > 1 and workflow.patched(BOUNDED_HISTORY_PATCH):
+                stored = await _store(StoreActivities.latest_checkpoint, JobRef(job_id=job.job_id))
+                self.s.latest_checkpoint = stored or self.s.latest_checkpoint
             result = await self._run_gang(job, placement)
             # Histories from before the fence rule replay as they ran (they waited the grace period on a loss).
             fence_rule = workflow.patched(FENCE_PATCH)
@@ -546,6 +564,13 @@ class TrainingJobWorkflow:
         self.s.started_members = set()
         self.s.preempt = None
         self.s.lost_nodes = set()
+        if workflow.patched(BOUNDED_HISTORY_PATCH):
+            # The next attempt in a run of its own (search attributes carry over; a placement signalled to this
+            # run meanwhile is signalled again by the placement service's reconciler).
+            s = self.s
+            cancel = s.cancel.reason if s.cancel is not None else None
+            carried = dataclasses.replace(self.job, attempt=s.attempt, own_failures=s.own_failures, infra_failures=s.infra_failures)
+            workflow.continue_as_new(dataclasses.replace(carried, cancel_reason=cancel))
 
     async def _finish(self, state: JobState, exit_code: int | None, reason: str, key: str) -> JobOutcome:
         assert self.job is not None

@@ -45,6 +45,11 @@ class JobInput:
     #: The agents' member lease (FAIRGANG_SELF_FENCE_AFTER_S): a member whose end is unconfirmed is dead this
     #: long plus its grace period after its allocation was revoked.
     self_fence_after_s: float = 20.0
+    #: Carried over when the workflow continues as new (on each requeue): the failures counted so far, and a
+    #: cancel that came while the previous run ended.
+    own_failures: int = 0
+    infra_failures: int = 0
+    cancel_reason: str | None = None
 
 
 @dataclass
@@ -98,6 +103,11 @@ class CheckpointReport:
     #: The report's number among its launch activity's reports (1, 2, ...): a higher one names a newer checkpoint.
     #: 0 from an agent that does not number them.
     seq: int = 0
+
+
+@dataclass
+class JobRef:
+    job_id: str
 
 
 @dataclass

@@ -12,7 +12,7 @@ from api import insight
 from fairgang.cluster import node_credential
 from fairgang.members import PlacedMember
 from fairgang.settings import Settings
-from store import nodes, placement, tenants
+from store import jobs, nodes, placement, tenants
 from store import snapshot as snapshot_rows
 from store.db import Database
 from tests.conftest import small_cluster
@@ -137,3 +137,38 @@ async def test_an_admin_retires_an_empty_node_and_enrolling_it_again_brings_it_b
     assert (await api.post("/v1/nodes/register", json=registration("h1"), headers=auth(again.json()["token"]))).json()["accepted"]
     assert (await nodes.get_node(seeded, "h1")).state == "READY"  # type: ignore[union-attr]
     assert (await tenants.fleet_shape(seeded)).shapes["H100-80GB"] == {8: 2}
+
+
+async def test_the_node_running_rank_0_reports_its_jobs_checkpoints_to_the_store(api: httpx.AsyncClient, seeded: Database) -> None:
+    for node_id, headers in (("h1", H1), ("h2", H2)):
+        assert (await api.post("/v1/nodes/register", json=registration(node_id), headers=headers)).json()["accepted"]
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="test", ttl_s=60)
+    assert epoch is not None
+    job = await queued_job(seeded, "gang")
+    members = [
+        PlacedMember(node_id="h1", gpu_indices=list(range(8)), rank=0),
+        PlacedMember(node_id="h2", gpu_indices=list(range(8)), rank=1),
+    ]
+    (alloc,) = await bind(seeded, job.id, members, epoch)
+
+    def report(path: str, seq: int, allocation_id: str = alloc.id) -> dict[str, Any]:
+        return {"allocation_id": allocation_id, "path": path, "seq": seq}
+
+    first = await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/step-20", 1), headers=H1)
+    assert first.status_code == 200 and first.json() == {"latest": True}
+    assert (await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/step-40", 2), headers=H1)).json() == {"latest": True}
+    # An older report that comes late changes nothing; the same report again is answered as it was.
+    assert (await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/step-10", 1), headers=H1)).json() == {"latest": False}
+    assert (await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/step-40", 2), headers=H1)).json() == {"latest": True}
+    assert await jobs.latest_checkpoint(seeded, job.id) == "/ckpt/alpha/step-40"
+    # Only the node running rank 0 speaks for the job's checkpoints; only a node at all; the allocation must exist.
+    other = await api.post("/v1/nodes/h2/checkpoints", json=report("/ckpt/alpha/evil", 9), headers=H2)
+    assert other.status_code == 403 and "rank 0" in other.json()["detail"]
+    assert (await api.post("/v1/nodes/h2/checkpoints", json=report("/ckpt/alpha/evil", 9), headers=H1)).status_code == 403
+    for headers in (ADMIN, ALPHA):
+        assert (await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/evil", 9), headers=headers)).status_code == 403
+    missing = await api.post("/v1/nodes/h1/checkpoints", json=report("/ckpt/alpha/evil", 9, "a-nope"), headers=H1)
+    assert missing.status_code == 404 and "a-nope" in missing.json()["detail"]
+    bad = await api.post("/v1/nodes/h1/checkpoints", json=report("", 0), headers=H1)
+    assert bad.status_code == 422 and {"path", "seq"} <= set(fields(bad))
+    assert await jobs.latest_checkpoint(seeded, job.id) == "/ckpt/alpha/step-40"

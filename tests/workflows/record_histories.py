@@ -4,9 +4,11 @@
 
 runs each scenario (all without names) against a local Temporal dev server, a SQLite store, the real store
 activities and the placement service, and writes each job's history to
-``tests/workflows/histories/PREFIX-SCENARIO.json``. The members are real processes run by the real launch and
-stop activities of nodes h1 and h2, except in the scenarios whose member's end no agent confirms: there a
-stand-in launch activity fails, or stops heartbeating, on the first attempt.
+``tests/workflows/histories/PREFIX-SCENARIO.json`` (a job requeued continues as new: its earlier runs' histories
+go to ``PREFIX-SCENARIO-run-N.json``). The real launch activities report checkpoints to the store as the agent
+does (the histories before ``with-bounded-history`` were recorded with agents that signalled them). The members
+are real processes run by the real launch and stop activities of nodes h1 and h2, except in the scenarios whose
+member's end no agent confirms: there a stand-in launch activity fails, or stops heartbeating, on the first attempt.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -36,10 +38,19 @@ from store import jobs, nodes, tenants
 from store.db import Database, migrate
 from tests.builders import job_spec
 from tests.conftest import small_cluster
-from worker_agent.launch import LaunchActivities
+from worker_agent.launch import CheckpointReporter, LaunchActivities
 from workflows import starter
 from workflows.job import TrainingJobWorkflow
-from workflows.messages import AGENT_RESTARTING, MEMBER_GONE, JobOutcome, JobStatus, LaunchInput, LaunchResult, MemberStarted
+from workflows.messages import (
+    AGENT_RESTARTING,
+    MEMBER_GONE,
+    CheckpointReport,
+    JobOutcome,
+    JobStatus,
+    LaunchInput,
+    LaunchResult,
+    MemberStarted,
+)
 
 HISTORIES = Path(__file__).parent / "histories"
 SEARCH = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
@@ -277,12 +288,43 @@ SCENARIOS: dict[str, tuple[Scenario, str]] = {
 }
 
 
+def to_store(db: Database, node_id: str) -> CheckpointReporter:
+    """The agent's checkpoint reports, written to the store as its API route does."""
+
+    async def report(r: CheckpointReport) -> bool:
+        await jobs.report_checkpoint(db, node_id=node_id, allocation_id=r.allocation_id, path=r.path, seq=r.seq)
+        return True
+
+    return report
+
+
+async def runs(client: Client, handle: Handle) -> list[WorkflowHistory]:
+    """The histories of every run of the handle's workflow, first to last (it continues as new on each requeue)."""
+    found, run_id = [], handle.result_run_id
+    while run_id:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        found.append(history)
+        last = history.events[-1]
+        run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if last.HasField("workflow_execution_continued_as_new_event_attributes")
+            else ""
+        )
+    return found
+
+
 @contextlib.asynccontextmanager
-async def node_workers(client: Client, launcher: str, tmp: Path) -> AsyncIterator[None]:
+async def node_workers(client: Client, db: Database, launcher: str, tmp: Path) -> AsyncIterator[None]:
     workers = []
     for n in ("h1", "h2"):
         if launcher == "real":
-            node = LaunchActivities(node_id=n, log_dir=tmp / "logs", checkpoint_root=tmp / "ckpt", state_dir=tmp / f"state-{n}")
+            node = LaunchActivities(
+                node_id=n,
+                log_dir=tmp / "logs",
+                checkpoint_root=tmp / "ckpt",
+                state_dir=tmp / f"state-{n}",
+                report_checkpoint=to_store(db, n),
+            )
             workers.append(Worker(client, task_queue=f"node-{n}", activities=[node.launch, node.stop]))
         else:
             workers.append(Worker(client, task_queue=f"node-{n}", activities=[StandIn(launcher).launch]))
@@ -322,14 +364,16 @@ async def record(prefix: str, names: list[str]) -> None:
             async with control:
                 for name in names:
                     run, launcher = SCENARIOS[name]
-                    async with node_workers(env.client, launcher, tmp):
+                    async with node_workers(env.client, db, launcher, tmp):
                         handle, expected = await run(platform)
                         outcome = await asyncio.wait_for(starter.job_outcome(handle), BOUND_S)
                         assert outcome.state == expected, (name, outcome)
-                    history = await handle.fetch_history()
-                    path = HISTORIES / f"{prefix}-{name}.json"
-                    path.write_text(history.to_json())
-                    print(f"{path.name}: {outcome.state} after {outcome.attempt} attempt(s), {len(history.events)} events")
+                    histories = await runs(env.client, handle)
+                    for i, history in enumerate(histories, 1):
+                        # The last run under the scenario's name, the runs that continued as new before it numbered.
+                        path = HISTORIES / (f"{prefix}-{name}.json" if i == len(histories) else f"{prefix}-{name}-run-{i}.json")
+                        path.write_text(history.to_json())
+                        print(f"{path.name}: {outcome.state} after {outcome.attempt} attempt(s), {len(history.events)} events")
         finally:
             placer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -10,7 +10,9 @@ twice, gets its checkpoint reports out of order (that workflow recorded the olde
 preempted and resumed from its checkpoint, loses a node, fails and is retried, and whose member's end is
 unconfirmed (its launch failed, or stopped heartbeating) so that its allocation is fenced; and
 ``with-checkpoint-order-*``, some of the same recorded with the workflow that orders them (the out-of-order one holds
-the ``newest-checkpoint-wins`` marker and records only the newer reports).
+the ``newest-checkpoint-wins`` marker and records only the newer reports); and ``with-bounded-history-*``, recorded
+with agents that report checkpoints to the store and the workflow that reads the latest from there and continues
+as new on each requeue (``*-run-N`` are the runs that continued as new).
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def test_every_kind_of_history_is_there() -> None:
     assert {p.stem for p in HISTORIES} >= {"with-relaunch-agent-restarted", "with-relaunch-heartbeat-lost-fenced"}
     # The workflow's status is the job's outcome (workflow-status-is-the-outcome).
     assert {p.stem for p in HISTORIES} >= {f"with-outcome-{n}" for n in ("failed", "timed-out", "cancelled-through-temporal", "cancelled")}
+    # Checkpoints in the store, a run per attempt (checkpoints-in-store-continue-as-new).
+    assert {p.stem for p in HISTORIES} >= {
+        f"with-bounded-history-{n}{run}"
+        for n in ("preempted-resumed", "node-lost", "failed-retried", "heartbeat-lost-fenced")
+        for run in ("-run-1", "")
+    } | {f"with-bounded-history-{n}" for n in ("checkpoints", "cancelled", "agent-restarted")}
 
 
 def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
@@ -65,5 +73,12 @@ def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
         defined = [activity._Definition.from_callable(value) for value in vars(cls).values() if callable(value)]
         return {d.name for d in defined if d is not None and d.name is not None}
 
-    assert names(StoreActivities) == {"mark_queued", "record_transition", "requeue", "revoke_allocation", "record_checkpoint"}
+    assert names(StoreActivities) == {
+        "mark_queued",
+        "record_transition",
+        "requeue",
+        "revoke_allocation",
+        "record_checkpoint",
+        "latest_checkpoint",
+    }
     assert names(LaunchActivities) == {"launch", "stop"}
