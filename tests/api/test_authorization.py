@@ -84,6 +84,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/nodes"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/register"): frozenset({NODE}),
     ("POST", "/v1/nodes/{node_id}/heartbeat"): frozenset({NODE}),
+    ("POST", "/v1/nodes/{node_id}/checkpoints"): frozenset({NODE}),
     ("POST", "/v1/nodes/{node_id}/cordon"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/uncordon"): frozenset({ADMIN}),
     ("POST", "/v1/nodes/{node_id}/drain"): frozenset({ADMIN}),
@@ -130,6 +131,7 @@ def _body(method: str, path: str, names: dict[str, str]) -> dict[str, Any] | Non
         "/v1/tokens": {"name": "made", "tenant": "alpha"},
         "/v1/nodes/register": {"node_id": "h1", "gpu_type": "H100-80GB", "gpu_count": 8, "boot_id": "b1"},
         "/v1/nodes/{node_id}/heartbeat": {"boot_id": "b1"},
+        "/v1/nodes/{node_id}/checkpoints": {"allocation_id": "a-none", "path": "/ckpt/alpha/x", "seq": 1},
         "/v1/nodes/{node_id}/gpus/{index}/faults": {"kind": "thermal"},
         "/v1/schedules/{schedule_id}/backfill": {"start": 1767225600, "end": 1767229200},
     }

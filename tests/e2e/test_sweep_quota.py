@@ -23,7 +23,7 @@ from store.db import Database
 from tests.builders import max_overlap
 from tests.conftest import small_cluster
 from tests.e2e.conftest import TERMINAL, Platform, only
-from tests.e2e.test_sweeps import SWEEP_DONE, count_workflows, submit_sweep, sweep_spec, wait_sweep
+from tests.e2e.test_sweeps import SWEEP_DONE, count_workflows, started_workflows, submit_sweep, sweep_spec, wait_sweep
 
 pytestmark = [pytest.mark.e2e, only("sqlite")]
 
@@ -89,7 +89,7 @@ def test_trials_of_a_tenant_limited_to_one_job_run_one_at_a_time_and_all_succeed
     assert all(sum(n for state, n in counts.items() if state not in TERMINAL | {"PENDING"}) <= 1 for counts in seen), seen
     summary = done["summary"]
     assert (summary["started"], summary["succeeded"], summary["refused"], summary["not_started"]) == (3, 3, 0, 0), summary
-    assert count_workflows(capped, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 3
+    assert started_workflows(capped, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 3
 
 
 def test_trials_refused_at_start_time_after_a_policy_change_are_recorded_refused_and_counted(capped: Platform, tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_trials_refused_at_start_time_after_a_policy_change_are_recorded_refused
     with capped.client("alpha-token") as http:
         for index in (1, 2):
             assert http.get(f"/v1/jobs/{sweep['id']}-{index:04d}").status_code == 404
-    assert count_workflows(capped, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 1
+    assert started_workflows(capped, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 1
 
 
 def test_a_scheduled_run_after_the_tenants_policy_changed_fails_naming_the_field(capped: Platform) -> None:

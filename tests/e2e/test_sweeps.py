@@ -95,6 +95,17 @@ def count_workflows(p: Platform, query: str) -> int:
     return asyncio.run(count())
 
 
+def started_workflows(p: Platform, query: str) -> int:
+    """How many workflows the query matches, each counted once however many runs it has (a job's workflow
+    continues as new on each requeue: its runs are one workflow, started once)."""
+
+    async def ids() -> set[str]:
+        client = await Client.connect(p.temporal_address)
+        return {w.id async for w in client.list_workflows(query)}
+
+    return len(asyncio.run(ids()))
+
+
 GRID_CODE = (
     "import sys, time\n"
     "lr, features = float(sys.argv[1]), int(sys.argv[2])\n"
@@ -139,8 +150,8 @@ def test_grid_sweep_runs_six_trials_with_their_parameters_two_at_once(platform: 
     assert summary["best"]["index"] == 1 and summary["best"]["value"] < 1e-9
     assert summary["best"]["params"] == {"lr": 0.1, "features": 20}
     # Each trial is a child workflow of the sweep's workflow, with the deterministic id, started once.
-    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 6
-    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 6
+    assert started_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 6
+    assert started_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 6
     # Batches of 2 starts (FAIRGANG_SWEEP_BATCH_SIZE in the e2e platform): the sweep continued as new, 3 runs.
     assert count_workflows(platform, f"WorkflowId = '{sweep['id']}' AND WorkflowType = 'Sweep'") == 3
     # Tenant isolation: another tenant sees nothing of it.
@@ -218,7 +229,7 @@ def test_cancel_stops_the_running_trials_and_starts_no_more(platform: Platform) 
         for trial in done["trials"][:2]:
             assert "got SIGTERM" in http.get(f"/v1/jobs/{trial['job_id']}/logs").text, trial
     time.sleep(2.0)
-    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
+    assert started_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
 
 
 def test_worker_killed_mid_sweep_resumes_without_duplicate_trials(platform: Platform) -> None:
@@ -239,7 +250,7 @@ def test_worker_killed_mid_sweep_resumes_without_duplicate_trials(platform: Plat
             detail = http.get(f"/v1/jobs/{j['id']}").json()
             assert detail["attempt"] == 1
             assert [e["kind"] for e in detail["events"]].count("LAUNCHING") == 1
-    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
+    assert started_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
 
 
 @only("sqlite")
@@ -468,8 +479,8 @@ def test_a_preempted_trial_resumes_from_its_own_checkpoint_and_counts_once(platf
     final_loss = float(re.search(r"FAIRGANG_METRIC loss=(\S+)", second).group(1))  # type: ignore[union-attr]
     assert done["trials"][0]["metrics"] == {"loss": final_loss}
     assert summary["best"] is not None and summary["best"]["index"] in (0, 1)
-    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
-    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 2
+    assert started_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 2
+    assert started_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 2
 
 
 @only("postgres")
@@ -550,7 +561,7 @@ def test_a_schedule_and_a_running_sweep_survive_a_kill_9_of_the_whole_platform(p
     with platform.client("alpha-token") as http:
         jobs = [j["id"] for j in http.get("/v1/jobs", params={"limit": 5000}).json() if j["name"].startswith("restarted-")]
     assert sorted(jobs) == [f"{sweep['id']}-{i:04d}" for i in range(4)]
-    assert count_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
-    assert count_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 4
+    assert started_workflows(platform, f"WorkflowId STARTS_WITH '{sweep['id']}-' AND WorkflowType = 'TrainingJob'") == 4
+    assert started_workflows(platform, f"ParentWorkflowId = '{sweep['id']}' AND WorkflowType = 'TrainingJob'") == 4
     # The same Sweep workflow carried on (batches of 2 starts: 2 runs), it was not started over.
     assert count_workflows(platform, f"WorkflowId = '{sweep['id']}' AND WorkflowType = 'Sweep'") == 2
