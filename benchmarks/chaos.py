@@ -10,8 +10,10 @@ within a second, as a service manager would. A load generator submits a real tra
 (examples/train_numpy.py, 1 to 8 GPUs, checkpointing) every ``--every`` seconds. One fault at a time:
 every part in turn, in a shuffled order (``--seed``), each with a fault of a random kind: ``kill9``
 (SIGKILL; the store's whole process group), ``stop`` (SIGSTOP for 3 to 10 s, then SIGCONT) or ``restart``
-(SIGTERM), of the API, either placement service, either worker, an agent, Temporal or PostgreSQL. After
-each, it measures the recovery: from the fault's end (the kill, the SIGCONT, the SIGTERM) until a probe job
+(SIGTERM; PostgreSQL's fast shutdown, SIGINT), of the API, either placement service, either worker, an
+agent, Temporal or PostgreSQL; and for the load nodes' agents, which run in network namespaces of their own
+(as root, with `ip`), ``cut`` (their link taken down for 5 to 45 s: sometimes past the lease and the
+lost-node timeout). After each, it measures the recovery: from the fault's end (the kill, the SIGCONT, the SIGTERM) until a probe job
 submitted then runs (on a node the load leaves alone), or, for an agent, until its node heartbeats again.
 
 Then it stops the faults and the load, waits for every job to end, and audits, from the store and from the
@@ -25,7 +27,7 @@ jobs' own records (each member writes its attempt and the time, every 50 ms, to 
 
 It prints one table: the faults by kind with their recovery p50/p99, the jobs, and every invariant with its
 count of violations; ``--json`` and ``--report`` (markdown) keep it. Exit status 1 if any invariant was
-violated or a fault did not recover. Not here: cutting agents off the network (network namespaces).
+violated or a fault did not recover.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class Report:
     seconds: float
     seed: int
     store: str
+    network_cuts: bool = False
     faults: list[Fault] = field(default_factory=list)
     jobs: dict[str, int] = field(default_factory=dict)
     violations: dict[str, list[str]] = field(default_factory=dict)
@@ -211,6 +214,47 @@ def checkpoint_regressions(rows: list[tuple[str, str]]) -> list[str]:
     return [f"{job_id}: recorded checkpoints at steps {steps}" for job_id, steps in sorted(by_job.items()) if steps != sorted(steps)]
 
 
+class Netns:
+    """Network namespaces of the run's own, one per load node, each linked to the host by a veth pair."""
+
+    def __init__(self, pid: int) -> None:
+        self.tag = pid % 10000
+        self.subnet = 200 + pid % 50
+        self.nodes: dict[str, int] = {}
+
+    def name(self, node: str) -> str:
+        return f"fgchaos-{self.tag}-{node}"
+
+    def host_if(self, node: str) -> str:
+        return f"fg{self.tag}{self.nodes[node]}h"
+
+    def add(self, i: int, node: str) -> str:
+        """Make the node's namespace and link; the host end's address (what the agent reaches the API at)."""
+        self.nodes[node] = i
+        ns, host, peer = self.name(node), self.host_if(node), f"fg{self.tag}{i}n"
+        host_ip, ns_ip = f"10.{self.subnet}.{i}.1", f"10.{self.subnet}.{i}.2"
+        for cmd in (
+            ["ip", "netns", "add", ns],
+            ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
+            ["ip", "link", "set", peer, "netns", ns],
+            ["ip", "addr", "add", f"{host_ip}/30", "dev", host],
+            ["ip", "link", "set", host, "up"],
+            ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", peer],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", peer, "up"],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+        ):
+            subprocess.run(cmd, check=True, capture_output=True)
+        return host_ip
+
+    def link(self, node: str, *, up: bool) -> None:
+        subprocess.run(["ip", "link", "set", self.host_if(node), "up" if up else "down"], check=True, capture_output=True)
+
+    def remove(self) -> None:
+        for node in self.nodes:
+            subprocess.run(["ip", "link", "del", self.host_if(node)], capture_output=True)
+            subprocess.run(["ip", "netns", "del", self.name(node)], capture_output=True)
+
+
 class OwnPostgres:
     """A PostgreSQL server of the run's own (the machine's may serve others; this one is killed)."""
 
@@ -246,6 +290,8 @@ class Chaos:
         self.data_dir = data_dir
         self.ticks = data_dir / "ticks"
         self.pg = OwnPostgres(data_dir, free_port()) if PG_BIN is not None and os.geteuid() == 0 and not args.sqlite else None
+        #: Load nodes' agents in network namespaces of their own (root, and `ip`), so that their links can be cut.
+        self.netns = Netns(os.getpid()) if os.geteuid() == 0 and shutil.which("ip") and not args.no_netns else None
         self.platform = DevPlatform(
             CLUSTER,
             data_dir,
@@ -253,6 +299,7 @@ class Chaos:
             temporal_port=free_port(),
             ui_port=free_port(),
             database_url=self.pg.url if self.pg else None,
+            listen_host="0.0.0.0" if self.netns else "127.0.0.1",
             extra_env={"FAIRGANG_ISOLATE_MEMBERS": "false"},
         )
         self.api = f"http://127.0.0.1:{self.platform.api_port}"
@@ -277,16 +324,38 @@ class Chaos:
             wait_for_port("127.0.0.1", self.pg.port)
             time.sleep(1.0)
         self.platform.start(say=self.say)
+        if self.netns is not None:
+            for i, node in enumerate(LOAD_NODES):
+                self.move_agent(i, node)
         self.platform._spawn("scheduler-2", self.platform.argvs["scheduler"])
         self.platform._spawn("worker-2", self.platform.argvs["worker"])
         self.platform.wait_ready("admin-token", timeout=120)
         self.ticks.chmod(0o777)
+
+    def move_agent(self, i: int, node: str) -> None:
+        """Start the node's agent again inside a network namespace of its own, reaching the API and Temporal
+        through a link of its own (its host end can be taken down: a network cut)."""
+        assert self.netns is not None
+        host_ip = self.netns.add(i, node)
+        name = f"agent-{node}"
+        proc = self.platform.procs[name]
+        proc.terminate()
+        proc.wait(30)
+        env = self.platform.part_envs.get(name, {}) | {
+            "FAIRGANG_API_URL": f"http://{host_ip}:{self.platform.api_port}",
+            "FAIRGANG_TEMPORAL_ADDRESS": f"{host_ip}:{self.platform.temporal_port}",
+        }
+        self.platform._spawn(name, ["ip", "netns", "exec", self.netns.name(node), *self.platform.argvs[name]], env)
 
     def supervise_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.platform.supervise(say=self.say)
             time.sleep(0.2)
+
+    def kinds(self, part: str) -> list[str]:
+        cut = self.netns is not None and part.removeprefix("agent-") in LOAD_NODES
+        return ["kill9", "stop", "restart", *(["cut"] if cut else [])]
 
     def parts(self) -> list[str]:
         parts = ["api", "scheduler", "scheduler-2", "worker", "worker-2", "temporal", *(f"agent-{n}" for n in (*LOAD_NODES, PROBE_NODE))]
@@ -346,12 +415,22 @@ class Chaos:
                 proc.kill()
             proc.wait()
         elif kind == "restart":
-            proc.terminate()
+            # PostgreSQL's SIGTERM waits for every session to end (pooled ones never do): its fast shutdown is SIGINT.
+            proc.send_signal(signal.SIGINT if part == "postgres" else signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        elif kind == "cut":
+            assert self.netns is not None
+            node = part.removeprefix("agent-")
+            self.netns.link(node, up=False)
+            try:
+                # Sometimes past the lease and the lost-node timeout: the node is declared LOST, its members fence.
+                self.supervise_for(self.rng.uniform(5, 45))
+            finally:
+                self.netns.link(node, up=True)
         else:
             target = os.getpgid(proc.pid) if part == "postgres" else proc.pid
             send = os.killpg if part == "postgres" else os.kill
@@ -381,7 +460,8 @@ class Chaos:
         if not self.deck:
             self.deck = self.parts()
             self.rng.shuffle(self.deck)
-        kind, part = self.rng.choice(["kill9", "stop", "restart"]), self.deck.pop()
+        part = self.deck.pop()
+        kind = self.rng.choice(self.kinds(part))
         self.say(f"fault {n}: {kind} {part}")
         fault = Fault(kind, part, time.time())
         self.inject(kind, part)
@@ -414,7 +494,8 @@ class Chaos:
     # ------------------------------------------------------------ the run
 
     def run(self) -> Report:
-        report = Report(seconds=self.args.minutes * 60, seed=self.args.seed, store="postgres (own server)" if self.pg else "sqlite")
+        store = "postgres (own server)" if self.pg else "sqlite"
+        report = Report(seconds=self.args.minutes * 60, seed=self.args.seed, store=store, network_cuts=self.netns is not None)
         self.loading.set()
         loader = threading.Thread(target=self.load, daemon=True)
         loader.start()
@@ -496,11 +577,13 @@ class Chaos:
 
 def render(report: Report) -> tuple[Table, str]:
     """The report as a rich table and as markdown."""
-    table = Table(title=f"chaos run: {report.seconds / 60:.0f} min, seed {report.seed}, store {report.store}")
+    cuts = "agents in network namespaces" if report.network_cuts else "no network cuts"
+    title = f"chaos run: {report.seconds / 60:.0f} min, seed {report.seed}, store {report.store}, {cuts}"
+    table = Table(title=title)
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_column("recovery p50 / p99 (s)", justify="right")
-    md = [f"Chaos run: {report.seconds / 60:.0f} min, seed {report.seed}, store {report.store}.", ""]
+    md = [title[0].upper() + title[1:] + ".", ""]
     md += ["| fault | count | recovery p50 / p99 (s) |", "|---|---:|---:|"]
     kinds = Counter(f"{f.kind} {f.part}" for f in report.faults)
     for key in sorted(kinds):
@@ -510,7 +593,7 @@ def render(report: Report) -> tuple[Table, str]:
         rec += f" ({missing} not recovered)" if missing else ""
         table.add_row(f"fault: {key}", str(kinds[key]), rec)
         md.append(f"| {key} | {kinds[key]} | {rec} |")
-    for kind in ("kill9", "stop", "restart"):
+    for kind in ("kill9", "stop", "restart", "cut"):
         times = [f.recovery_s for f in report.faults if f.kind == kind and f.recovery_s is not None]
         if times:
             rec = f"{percentile(times, 0.5):.1f} / {percentile(times, 0.99):.1f}"
@@ -538,6 +621,7 @@ def main() -> None:
     parser.add_argument("--recovery-bound", type=float, default=180.0, help="seconds a fault may take to recover")
     parser.add_argument("--drain-bound", type=float, default=600.0, help="seconds the jobs may take to end afterwards")
     parser.add_argument("--sqlite", action="store_true", help="the SQLite store even where PostgreSQL could run")
+    parser.add_argument("--no-netns", action="store_true", help="agents on the host's network (no network cuts)")
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
     parser.add_argument("--report", type=Path, help="write the report as markdown here")
     parser.add_argument("--keep", action="store_true", help="keep the data dir (logs, store) afterwards")
@@ -549,6 +633,8 @@ def main() -> None:
         report = chaos.run()
     finally:
         chaos.platform.stop()
+        if chaos.netns is not None:
+            chaos.netns.remove()
         if not args.keep:
             shutil.rmtree(data_dir, ignore_errors=True)
         else:

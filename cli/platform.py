@@ -77,6 +77,9 @@ class DevPlatform:
     temporal_port: int = 7233
     ui_port: int = 8233
     database_url: str | None = None
+    #: The address the API and Temporal listen on (the parts here reach them on 127.0.0.1 whatever it is;
+    #: 0.0.0.0 lets agents in network namespaces of their own reach them too).
+    listen_host: str = "127.0.0.1"
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     argvs: dict[str, list[str]] = field(default_factory=dict)
@@ -176,7 +179,7 @@ class DevPlatform:
         self._token_key()
         temporal = [
             temporal_binary(), "server", "start-dev",
-            "--ip", "127.0.0.1", "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
+            "--ip", self.listen_host, "--port", str(self.temporal_port), "--ui-port", str(self.ui_port),
             "--db-filename", str(self.data_dir / "temporal.db"),
             "--ui-disable-news-fetch", "--log-level", "warn",
             "--sqlite-pragma", "journal_mode=wal",
@@ -188,7 +191,7 @@ class DevPlatform:
         asyncio.run(self._prepare_store())
         wait_for_port("127.0.0.1", self.temporal_port)
         py = [sys.executable, "-m", "cli"]
-        self._spawn("api", [*py, "api", "--host", "127.0.0.1", "--port", str(self.api_port)])
+        self._spawn("api", [*py, "api", "--host", self.listen_host, "--port", str(self.api_port)])
         self._spawn("worker", [*py, "worker"])
         self._spawn("scheduler", [*py, "scheduler"])
         wait_for_port("127.0.0.1", self.api_port)
