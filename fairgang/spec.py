@@ -40,6 +40,8 @@ RESERVED_ENV = frozenset(
         "ROLE_RANK",
         "ROLE_WORLD_SIZE",
         "LOCAL_WORLD_SIZE",
+        "NNODES",
+        "NPROC_PER_NODE",
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",

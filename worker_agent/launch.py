@@ -102,10 +102,18 @@ def job_environment(inp: LaunchInput, checkpoint_dir: str, base: dict[str, str] 
             "FAIRGANG_ATTEMPT": str(inp.attempt),
             "CHECKPOINT_DIR": checkpoint_dir,
             "RESUME_FROM": inp.resume_from,
-            "WORLD_SIZE": str(inp.world_size * inp.gpus_per_member),
-            "RANK": str(inp.rank),
+            # torchrun's contract: a member (one per node) is one launcher of NPROC_PER_NODE processes...
+            "NNODES": str(inp.world_size),
             "NODE_RANK": str(inp.rank),
-            "LOCAL_WORLD_SIZE": str(inp.gpus_per_member),
+            "NPROC_PER_NODE": str(len(inp.gpu_indices)),
+            # ...and, run as a single process, the process of rank NODE_RANK among NNODES (torchrun sets
+            # these again for the processes it starts).
+            "RANK": str(inp.rank),
+            "WORLD_SIZE": str(inp.world_size),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(inp.rank),
+            "GROUP_WORLD_SIZE": str(inp.world_size),
             "MASTER_ADDR": inp.master_addr,
             "MASTER_PORT": str(inp.master_port),
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in inp.gpu_indices),

@@ -111,7 +111,8 @@ def test_repeated_submit_yields_one_job_and_one_workflow(platform: Platform) -> 
 
 @only("sqlite")
 def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform) -> None:
-    code = "import os; print('rank', os.environ['RANK'], 'world', os.environ['WORLD_SIZE'], 'local', os.environ['LOCAL_WORLD_SIZE'])"
+    keys = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+    code = f"import os; print(' '.join(k + '=' + os.environ[k] for k in {keys!r}))"
     job = platform.submit(job_spec("gang", code, gpu_count=16, topology={"level": "leaf"}))
     done = platform.wait_for(job["id"], TERMINAL)
     assert done["state"] == "SUCCEEDED", done
@@ -120,7 +121,9 @@ def test_sixteen_gpu_gang_runs_one_member_per_node_with_ranks(platform: Platform
     with platform.client("alpha-token") as http:
         for rank in (0, 1):
             log = http.get(f"/v1/jobs/{job['id']}/logs", params={"rank": rank}).text
-            assert f"rank {rank} world 16 local 8" in log
+            # torchrun's contract: each member a launcher of 8 processes, or a single process of 2.
+            want = f"NNODES=2 NODE_RANK={rank} NPROC_PER_NODE=8 RANK={rank} WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="
+            assert want + members[0]["node_id"] in log, log
 
 
 @only("sqlite")

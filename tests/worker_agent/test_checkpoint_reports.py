@@ -1,5 +1,7 @@
 """Rank 0's launch activity reports each checkpoint the job names in CHECKPOINT_DIR/LATEST, numbered in order, so
-that the workflow and the store can tell an older report that came late; other ranks report nothing."""
+that the store (and the workflow, from agents that signal it) can tell an older report that came late; other ranks
+report nothing. Through the agent's reporter (to the store, by the API), a report that does not get through is tried
+again at the next look, with the same number."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from worker_agent.launch import LaunchActivities
@@ -28,9 +31,22 @@ for seq, name in enumerate(("step-1", "step-2"), start=1):
 """
 
 
-async def run_member(tmp_path: Path, rank: int) -> list[CheckpointReport]:
-    launcher = LaunchActivities(node_id="h1", log_dir=tmp_path / "logs", checkpoint_root=tmp_path / "root")
+async def run_member(tmp_path: Path, rank: int, to_store: bool = False) -> list[CheckpointReport]:
     reports: list[CheckpointReport] = []
+    tries: list[CheckpointReport] = []
+
+    async def report(r: CheckpointReport) -> bool:
+        """The agent's reporter: the first try of each report fails (the API did not answer)."""
+        tries.append(r)
+        if tries.count(r) == 1:
+            return False
+        reports.append(r)
+        (tmp_path / f"heard-{r.seq}").touch()
+        return True
+
+    launcher = LaunchActivities(
+        node_id="h1", log_dir=tmp_path / "logs", checkpoint_root=tmp_path / "root", report_checkpoint=report if to_store else None
+    )
 
     async def signal(job_id: str, name: str, arg: object) -> None:
         if name == "checkpoint":
@@ -56,8 +72,9 @@ async def run_member(tmp_path: Path, rank: int) -> list[CheckpointReport]:
     return reports
 
 
-async def test_rank_0_numbers_its_checkpoint_reports_in_order(tmp_path: Path) -> None:
-    reports = await run_member(tmp_path, rank=0)
+@pytest.mark.parametrize("to_store", [True, False], ids=["to-store", "signalled"])
+async def test_rank_0_numbers_its_checkpoint_reports_in_order(tmp_path: Path, to_store: bool) -> None:
+    reports = await run_member(tmp_path, rank=0, to_store=to_store)
     ckpt = tmp_path / "root" / "ckpt"
     assert [(r.path, r.seq, r.attempt, r.allocation_id) for r in reports] == [
         (str(ckpt / "step-1"), 1, 2, "a-0"),
@@ -65,5 +82,6 @@ async def test_rank_0_numbers_its_checkpoint_reports_in_order(tmp_path: Path) ->
     ]
 
 
-async def test_other_ranks_report_no_checkpoint(tmp_path: Path) -> None:
-    assert await run_member(tmp_path, rank=1) == []
+@pytest.mark.parametrize("to_store", [True, False], ids=["to-store", "signalled"])
+async def test_other_ranks_report_no_checkpoint(tmp_path: Path, to_store: bool) -> None:
+    assert await run_member(tmp_path, rank=1, to_store=to_store) == []
