@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from temporalio.client import WorkflowUpdateFailedError
 
@@ -89,10 +93,18 @@ async def submit_job(state: State, who: Caller, body: dict[str, Any] = Body(...)
 async def list_jobs(
     state: State,
     who: Caller,
+    request: Request,
+    response: Response,
     tenant: str | None = None,
     job_state: str | None = Query(default=None, alias="state"),
+    label: list[str] = Query(default=[], description="key=value; repeat for several (a job must carry all)"),
+    since: str | None = Query(default=None, description="submitted at or after: epoch seconds or ISO 8601 (UTC unless it says)"),
+    until: str | None = Query(default=None, description="submitted before: epoch seconds or ISO 8601"),
+    cursor: str | None = Query(default=None, description="the X-Next-Cursor of the page before"),
     limit: int = Query(default=200, ge=1, le=5000),
 ) -> list[JobPublic]:
+    """Jobs, newest submission first. A page holds at most ``limit``; when more follow, the answer's
+    ``X-Next-Cursor`` header (and its ``Link: <...>; rel="next"``) gives the next page's ``cursor``."""
     require_user(who)
     if job_state is not None and job_state not in JobState.__members__:
         raise HTTPException(422, f"state: unknown job state '{job_state}' (one of {', '.join(JobState.__members__)})")
@@ -100,7 +112,50 @@ async def list_jobs(
         if tenant is not None and tenant != who.tenant:
             raise HTTPException(403, f"tenant: your token belongs to tenant '{who.tenant}'")
         tenant = who.tenant
-    return [JobPublic.of(j) for j in await stored_jobs.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit)]
+    labels = {}
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise HTTPException(422, f"label: '{item}' is not key=value")
+        labels[key] = value
+    window = {name: parse_time(value, name) for name, value in (("since", since), ("until", until)) if value is not None}
+    after = decode_cursor(cursor) if cursor is not None else None
+    rows = await stored_jobs.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit + 1, labels=labels, after=after, **window)
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id)
+        response.headers["X-Next-Cursor"] = next_cursor
+        response.headers["Link"] = f'<{request.url.include_query_params(cursor=next_cursor)}>; rel="next"'
+    return [JobPublic.of(j) for j in rows]
+
+
+def encode_cursor(created_at: float, job_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at, job_id]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        created_at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return float(created_at), str(job_id)
+    except (ValueError, TypeError) as err:
+        raise HTTPException(422, f"cursor: not a cursor this API handed out ({err})") from None
+
+
+def parse_time(value: str, name: str) -> float:
+    """Epoch seconds, or an ISO 8601 time (UTC unless it names its offset)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise HTTPException(422, f"{name}: '{value}' is not a time")
+        return seconds
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(422, f"{name}: '{value}' is neither epoch seconds nor an ISO 8601 time") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)

@@ -108,12 +108,34 @@ async def get_job(db: Database, job_id: str) -> Job | None:
         return await session.get(Job, job_id)
 
 
-async def list_jobs(db: Database, *, tenant: str | None = None, state: str | None = None, limit: int = 200) -> Sequence[Job]:
+async def list_jobs(
+    db: Database,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    limit: int = 200,
+    labels: dict[str, str] | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    after: tuple[float, str] | None = None,
+) -> Sequence[Job]:
+    """Jobs, newest submission first (then by id): of ``tenant``, in ``state``, carrying every one of ``labels``,
+    submitted in [``since``, ``until``), and (a page after another) after ``after``, the (created_at, id) of the
+    last job of the page before."""
     query = select(Job).order_by(col(Job.created_at).desc(), col(Job.id)).limit(limit)
     if tenant is not None:
         query = query.where(col(Job.tenant) == tenant)
     if state is not None:
         query = query.where(col(Job.state) == state)
+    for key, value in sorted((labels or {}).items()):
+        query = query.where(col(Job.spec)[("labels", key)].as_string() == value)
+    if since is not None:
+        query = query.where(col(Job.created_at) >= since)
+    if until is not None:
+        query = query.where(col(Job.created_at) < until)
+    if after is not None:
+        created, job_id = after
+        query = query.where((col(Job.created_at) < created) | ((col(Job.created_at) == created) & (col(Job.id) > job_id)))
     async with db.sessions() as session:
         return (await session.execute(query)).scalars().all()
 
