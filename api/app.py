@@ -16,7 +16,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from api import dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens
+from api import accounting, dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens
 from api.deps import AppState, State, log
 from api.limits import PROBLEM_JSON, BodySizeLimit, known_query_only, problem
 from api.schemas import ERRORS
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="fairgang", version=__version__, lifespan=lifespan, responses=ERRORS, dependencies=[Depends(known_query_only)])
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(jobs.router)
+    app.include_router(accounting.router)
     app.include_router(fleet.router)
     app.include_router(sweeps.router)
     app.include_router(tenants.router)

@@ -15,7 +15,8 @@ from rich.console import Console
 
 from fairgang.settings import Settings
 
-console = Console()
+#: Tables cut to the terminal's width; written to a pipe or a file they are whole (ids and times untruncated).
+console = Console() if sys.stdout.isatty() else Console(width=100_000)
 err_console = Console(stderr=True)
 
 ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")

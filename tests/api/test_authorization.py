@@ -56,6 +56,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/fleet"): AUTHENTICATED,
     ("POST", "/v1/jobs"): USERS,
     ("GET", "/v1/jobs"): USERS,
+    ("GET", "/v1/usage"): USERS,
     ("GET", "/v1/jobs/{job_id}"): OWNER_AND_ADMIN,
     ("GET", "/v1/jobs/{job_id}/logs"): OWNER_AND_ADMIN,
     ("POST", "/v1/jobs/{job_id}/preempt"): OWNER_AND_ADMIN,

@@ -89,3 +89,22 @@ async def test_what_it_cannot_read_is_refused_with_the_parameter_named(api: http
         resp = await api.get("/v1/jobs", params=params, headers=ADMIN)
         assert resp.status_code == 422 and name in resp.text, (params, resp.text)
     assert (await api.get("/v1/jobs", params={"tenant": "beta"}, headers=ALPHA)).status_code == 403
+
+
+async def test_usage_over_the_api_is_the_stores_report_and_a_tenant_sees_its_own(api: httpx.AsyncClient, seeded: Database) -> None:
+    from tests.store.test_accounting import NOW, UNTIL, T, scenario
+
+    await scenario(seeded)
+    window = {"since": str(T), "until": str(UNTIL)}
+    every = (await api.get("/v1/usage", params=window, headers=ADMIN)).json()
+    assert every["since"] == T and every["until"] == UNTIL and every["by"] == ["tenant", "gpu_type"]
+    beta = {(r["tenant"], r["gpu_type"]): r for r in every["rows"]}[("beta", "H100-80GB")]
+    # Made now, long after the window: J2's allocation, still held, counts to the window's end.
+    assert beta["gpu_hours"] == 16 * (UNTIL - T - 1800) / 3600 + 8 and beta["jobs"] == 2 and beta["wait_p50_s"] == 1300
+    own = (await api.get("/v1/usage", params=window | {"by": "tenant"}, headers=ALPHA)).json()
+    assert [(r["tenant"], r["gpu_type"], r["gpu_hours"]) for r in own["rows"]] == [("alpha", None, 26.0)]
+    assert (await api.get("/v1/usage", params=window | {"tenant": "beta"}, headers=ALPHA)).status_code == 403
+    for params, name in (({"by": "node"}, "by"), ({"since": "soon"}, "since"), ({"since": str(UNTIL), "until": str(T)}, "until")):
+        resp = await api.get("/v1/usage", params=params, headers=ADMIN)
+        assert resp.status_code == 422 and name in resp.text, (params, resp.text)
+    assert NOW < UNTIL

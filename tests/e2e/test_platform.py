@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import signal
@@ -155,6 +157,40 @@ def test_cli_submits_waits_and_lists(platform: Platform, tmp_path: Path) -> None
 def _cli(platform: Platform, *args: str, token: str = "alpha-token") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FAIRGANG_API_URL": platform.api_url, "FAIRGANG_TOKEN": token}
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+@only("sqlite")
+def test_history_and_usage_from_the_cli_say_what_the_api_says(platform: Platform) -> None:
+    started = time.time() - 1
+    done = []
+    for i in range(3):
+        spec = job_spec(f"accounted-{i}", "import time; time.sleep(1)", gpu_count=1 + i, labels={"suite": "accounting"})
+        done.append(platform.submit(spec))
+    done = [platform.wait_for(j["id"], TERMINAL) for j in done]
+    assert all(j["state"] == "SUCCEEDED" for j in done), done
+    # sacct-like: every job of the range (through pages of one), newest first, as CSV.
+    out = _cli(platform, "history", "--since", str(started), "-l", "suite=accounting", "--page-size", "1", "-o", "csv")
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["id"] for r in rows] == [j["id"] for j in sorted(done, key=lambda j: (-j["created_at"], j["id"]))]
+    for row in rows:
+        job = next(j for j in done if j["id"] == row["id"])
+        elapsed = job["finished_at"] - job["started_at"]
+        assert row["state"] == "SUCCEEDED" and row["exit_code"] == "0" and float(row["elapsed"]) == pytest.approx(elapsed)
+        assert float(row["gpu_hours"]) == pytest.approx(job["gpu_count"] * elapsed / 3600, abs=1e-3)
+    table = _cli(platform, "history", "--since", str(started), "-l", "suite=accounting")
+    assert table.returncode == 0 and all(j["id"] in table.stdout for j in done), table.stdout
+    # sreport-like: the API's usage report, as JSON and CSV.
+    usage = _cli(platform, "usage", "--since", str(started), "-o", "json")
+    assert usage.returncode == 0, usage.stderr
+    with platform.client("alpha-token") as http:
+        report = http.get("/v1/usage", params={"since": str(started)}).json()
+    mine = {(r["tenant"], r["gpu_type"]): r for r in json.loads(usage.stdout)}
+    assert mine.keys() == {(r["tenant"], r["gpu_type"]) for r in report["rows"]} and ("alpha", "H100-80GB") in mine
+    assert mine[("alpha", "H100-80GB")]["jobs"] >= 3 and mine[("alpha", "H100-80GB")]["gpu_hours"] > 0
+    as_csv = _cli(platform, "usage", "--since", str(started), "--by", "tenant", "-o", "csv")
+    assert as_csv.returncode == 0 and as_csv.stdout.splitlines()[0].startswith("tenant,gpu_type,gpu_hours,guaranteed_gpu_hours")
+    assert _cli(platform, "usage", "--by", "node").returncode == 1
 
 
 def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:
