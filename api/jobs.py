@@ -187,7 +187,10 @@ async def job_logs(
     attempt: int | None = Query(default=None, ge=1),
     rank: int = Query(default=0, ge=0),
     tail: int | None = Query(default=None, ge=1, description="Only the last N lines."),
+    offset: int | None = Query(default=None, ge=0, description="From this byte on (the X-Log-Size of an earlier answer)."),
 ) -> PlainTextResponse:
+    """The attempt's log (stdout and stderr of the rank's member). ``X-Log-Size`` says how many bytes it has: a
+    follower asks again from that ``offset``."""
     job = await visible_job(state, who, job_id)
     attempt = attempt or job.attempt
     if attempt > job.attempt:
@@ -197,13 +200,19 @@ async def job_logs(
         ranks = max((len(a.members) for a in placed), default=1)
         if rank >= ranks:
             raise HTTPException(404, f"attempt {attempt} of job {job.id} has no rank {rank} (ranks 0-{ranks - 1})")
+    if tail is not None and offset is not None:
+        raise HTTPException(422, "tail: give tail or offset, not both")
     path = log_path(state.settings.log_dir, job.id, attempt, rank)
     if not path.exists():
-        return PlainTextResponse("")  # not started yet, or nothing written
-    text = path.read_text(errors="replace")
+        return PlainTextResponse("", headers={"X-Log-Size": "0"})  # not started yet, or nothing written
+    with path.open("rb") as f:
+        f.seek(offset or 0)
+        data = f.read()
+    size = (offset or 0) + len(data)
+    text = data.decode(errors="replace")
     if tail is not None:
         text = "".join(text.splitlines(keepends=True)[-tail:])
-    return PlainTextResponse(text)
+    return PlainTextResponse(text, headers={"X-Log-Size": str(size)})
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -90,7 +90,7 @@ def _audit_table(rows: list[dict[str, Any]]) -> Table:
 def audit(
     target: str = typer.Option(None, "--target", help="One thing's events, e.g. tenant:alpha."),
     limit: int = typer.Option(50, "--limit", min=1, max=1000),
-    output: str = Output,
+    output: OutputFormat = Output,
     api_url: str = ApiUrl,
     token: str = Token,
 ) -> None:

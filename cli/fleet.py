@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -80,21 +80,21 @@ def _tenants_table(rows: list[dict[str, Any]]) -> Table:
 
 
 @app.command()
-def fleet(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def fleet(api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Show GPU types, topology domains and nodes: free, used, unhealthy, fragmentation, utilisation."""
     with _client(api_url, token) as http:
         _emit(_check(http.get("/v1/fleet")), output, lambda data: console.print(*_fleet_tables(data), sep="\n"))
 
 
 @app.command()
-def queue(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def queue(api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Show the queue in scheduling order, with each job's pending reason and estimated start."""
     with _client(api_url, token) as http:
         _emit(_check(http.get("/v1/queue")), output, lambda rows: console.print(_queue_table(rows)))
 
 
 @app.command()
-def tenants(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def tenants(api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Show each tenant's quota against usage (a tenant's token shows its own tenant)."""
     with _client(api_url, token) as http:
         _emit(_check(http.get("/v1/tenants")), output, lambda rows: console.print(_tenants_table(rows)))

@@ -7,21 +7,36 @@ import logging
 import os
 import sys
 import time
+from enum import StrEnum
 from typing import Any
 
 import httpx
 import typer
+import yaml
 from rich.console import Console
 
 from fairgang.settings import Settings
 
 #: Tables cut to the terminal's width; written to a pipe or a file they are whole (ids and times untruncated).
 console = Console() if sys.stdout.isatty() else Console(width=100_000)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=100_000)
 
 ApiUrl = typer.Option(None, "--api", envvar="FAIRGANG_API_URL", help="API address.")
 Token = typer.Option(None, "--token", envvar="FAIRGANG_TOKEN", help="Bearer token.")
-Output = typer.Option("table", "--output", "-o", help="table or json.")
+
+
+#: What every listing command can print: a table (wide: every column, never cut), the API's JSON or YAML, or
+#: only the ids (one a line, for scripts: `fairgang jobs -o name | xargs fairgang cancel`).
+class OutputFormat(StrEnum):
+    table = "table"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+    name = "name"
+
+
+OUTPUTS = tuple(OutputFormat)
+Output = typer.Option(OutputFormat.table, "--output", "-o", help="How to print it.")
 
 
 def client(api_url: str | None, token: str | None) -> httpx.Client:
@@ -60,13 +75,27 @@ def date_time(value: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(value)) if value else "-"
 
 
-def emit(data: Any, output: str, table: Any) -> None:
+def emit(data: Any, output: str, table: Any, wide: Any = None) -> None:
+    """Print ``data`` (the API's answer) as ``output`` asks: ``table`` and ``wide`` (``wide`` if given, else
+    ``table``, on a console as wide as the rows) are callables that print it."""
     if output == "json":
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif output == "yaml":
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    elif output == "name":
+        items = data if isinstance(data, list) else [data.get("job") or data.get("sweep") or data] if isinstance(data, dict) else []
+        sys.stdout.write("".join(f"{item['id']}\n" for item in items if isinstance(item, dict) and "id" in item))
     elif output == "table":
         table(data)
+    elif output == "wide":
+        saved = console.width
+        console.width = 100_000
+        try:
+            (wide or table)(data)
+        finally:
+            console.width = saved
     else:
-        fail(f"--output: '{output}' is not one of table, json")
+        fail(f"--output: '{output}' is not one of {', '.join(OUTPUTS)}")
 
 
 def setup_logging() -> None:

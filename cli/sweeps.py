@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console, date_time, err_console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, date_time, err_console
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -72,7 +72,7 @@ def sweep_submit(
     wait: bool = typer.Option(False, "--wait", help="Wait until the sweep ends; exit 0 only if it COMPLETED with no failed trial."),
     api_url: str = ApiUrl,
     token: str = Token,
-    output: str = Output,
+    output: OutputFormat = Output,
 ) -> None:
     """Submit a sweep spec (YAML or JSON)."""
     try:
@@ -104,7 +104,7 @@ def sweep_ls(
     schedule: str = typer.Option(None, "--schedule", help="Only the runs of this schedule."),
     api_url: str = ApiUrl,
     token: str = Token,
-    output: str = Output,
+    output: OutputFormat = Output,
 ) -> None:
     """List sweeps (yours, or all for an admin)."""
     params = {k: v for k, v in {"state": state, "schedule_id": schedule}.items() if v}
@@ -113,7 +113,7 @@ def sweep_ls(
 
 
 @sweep_app.command("show")
-def sweep_show(sweep_id: str, api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def sweep_show(sweep_id: str, api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Show a sweep: every trial with its parameters, job and state; the summary when it ended."""
     with _client(api_url, token) as http:
         _emit(_check(http.get(f"/v1/sweeps/{sweep_id}")), output, _show_sweep)
@@ -142,7 +142,7 @@ def _print_schedules(rows: list[dict[str, Any]]) -> None:
 
 
 @schedule_app.command("create")
-def schedule_create(file: Path, api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def schedule_create(file: Path, api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Create a schedule from a file: name, schedule {cron | interval}, overlap, sweep."""
     try:
         load_schedule_text(file.read_text())
@@ -156,7 +156,7 @@ def schedule_create(file: Path, api_url: str = ApiUrl, token: str = Token, outpu
 
 
 @schedule_app.command("ls")
-def schedule_ls(api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def schedule_ls(api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """List schedules (yours, or all for an admin)."""
     with _client(api_url, token) as http:
         _emit(_check(http.get("/v1/schedules")), output, _print_schedules)
@@ -173,7 +173,7 @@ def _act(schedule_id: str, action: str, api_url: str | None, token: str | None, 
 
 @schedule_app.command("pause")
 def schedule_pause(
-    schedule_id: str, note: str = typer.Option(None, "--note"), api_url: str = ApiUrl, token: str = Token, output: str = Output
+    schedule_id: str, note: str = typer.Option(None, "--note"), api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output
 ) -> None:
     """Stop the schedule firing (a sweep already running goes on)."""
     _act(schedule_id, "pause", api_url, token, output, note=note)
@@ -181,14 +181,14 @@ def schedule_pause(
 
 @schedule_app.command("resume")
 def schedule_resume(
-    schedule_id: str, note: str = typer.Option(None, "--note"), api_url: str = ApiUrl, token: str = Token, output: str = Output
+    schedule_id: str, note: str = typer.Option(None, "--note"), api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output
 ) -> None:
     """Let the schedule fire again."""
     _act(schedule_id, "resume", api_url, token, output, note=note)
 
 
 @schedule_app.command("trigger")
-def schedule_trigger(schedule_id: str, api_url: str = ApiUrl, token: str = Token, output: str = Output) -> None:
+def schedule_trigger(schedule_id: str, api_url: str = ApiUrl, token: str = Token, output: OutputFormat = Output) -> None:
     """Run the schedule's sweep now (its overlap policy applies)."""
     _act(schedule_id, "trigger", api_url, token, output)
 
@@ -200,7 +200,7 @@ def schedule_backfill(
     overlap: str = typer.Option(None, "--overlap", help="skip, buffer_one or cancel_previous (default: run them all in turn)."),
     api_url: str = ApiUrl,
     token: str = Token,
-    output: str = Output,
+    output: OutputFormat = Output,
 ) -> None:
     """Start the runs the schedule missed (e.g. while paused) in the last SINCE."""
     now = time.time()

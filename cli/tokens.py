@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, Token, console, date_time
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, date_time
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -46,7 +46,7 @@ def token_create(
 @app.command("ls")
 def token_ls(
     tenant: str = typer.Option(None, "--tenant", help="Admins: one tenant's only."),
-    output: str = Output,
+    output: OutputFormat = Output,
     api_url: str = ApiUrl,
     token: str = Token,
 ) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.e2e.conftest import REPO, RESTART_WITHIN_LEASE, TERMINAL, Platform, job_spec, only
@@ -191,6 +192,44 @@ def test_history_and_usage_from_the_cli_say_what_the_api_says(platform: Platform
     as_csv = _cli(platform, "usage", "--since", str(started), "--by", "tenant", "-o", "csv")
     assert as_csv.returncode == 0 and as_csv.stdout.splitlines()[0].startswith("tenant,gpu_type,gpu_hours,guaranteed_gpu_hours")
     assert _cli(platform, "usage", "--by", "node").returncode == 1
+
+
+@only("sqlite")
+def test_cli_habits_overrides_generated_names_outputs_selectors_and_following(platform: Platform, tmp_path: Path) -> None:
+    code = "import sys, time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.5)\nprint('the end')"
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(job_spec("habits", code, labels={"suite": "habits"})))
+    # The same file twice with --generate-name: two jobs; sbatch-like overrides land in the spec.
+    first = _cli(platform, "submit", str(spec_file), "--generate-name", "-o", "json")
+    second = _cli(platform, "submit", str(spec_file), "--generate-name", "--gpus", "2", "--env", "MODE=fast", "--time", "10m", "-o", "json")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    a, b = json.loads(first.stdout)["job"], json.loads(second.stdout)["job"]
+    assert a["id"] != b["id"] and a["name"].startswith("habits-") and b["name"].startswith("habits-") and a["name"] != b["name"]
+    assert b["gpu_count"] == 2 and b["spec"]["env"] == {"MODE": "fast"} and b["spec"]["max_runtime"] == 600
+    assert _cli(platform, "submit", str(spec_file), "--env", "NOEQUALS").returncode == 1
+    # Follow a log to the job's end; --wait shows the state as it changes, then the log.
+    followed = _cli(platform, "logs", "-f", a["id"])
+    assert followed.returncode == 0 and followed.stdout.index("line 0") < followed.stdout.index("the end"), followed
+    waited = _cli(platform, "submit", str(spec_file), "--name", "habits-waited", "--wait")
+    assert waited.returncode == 0, waited.stderr
+    assert "QUEUED" in waited.stderr and "SUCCEEDED" in waited.stderr and "the end" in waited.stdout, waited
+    # Outputs: the ids alone, YAML, the wide table; -l selects by label.
+    names = _cli(platform, "jobs", "-l", "suite=habits", "-o", "name").stdout.split()
+    assert set(names) >= {a["id"], b["id"]} and all(n.startswith("j-") for n in names)
+    assert {j["id"] for j in yaml.safe_load(_cli(platform, "jobs", "-l", "suite=habits", "-o", "yaml").stdout)} == set(names)
+    assert "LABELS" in _cli(platform, "jobs", "-o", "wide").stdout and "suite=habits" in _cli(platform, "jobs", "-o", "wide").stdout
+    assert (
+        "table, wide, json, yaml" not in (help_text := _cli(platform, "jobs", "--help").stdout) and "table|wide|json|yaml|name" in help_text
+    )
+    # Cancel by selector: every job of the label that has not ended; one that ended cannot be, exit status 1.
+    sleeper = job_spec("habits-sleeper", "import time; time.sleep(300)", labels={"suite": "habits-cancel"})
+    sleepers = [platform.submit(sleeper | {"name": f"habits-sleeper-{i}"}) for i in range(2)]
+    cancelled = _cli(platform, "cancel", "-l", "suite=habits-cancel")
+    assert cancelled.returncode == 0 and all(s["id"] in cancelled.stdout for s in sleepers), cancelled
+    for s in sleepers:
+        assert platform.wait_for(s["id"], TERMINAL)["state"] == "CANCELLED"
+    again = _cli(platform, "cancel", sleepers[0]["id"], a["id"])
+    assert again.returncode == 1 and a["id"] in again.stderr and "already ended" in again.stderr, again
 
 
 def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:
