@@ -40,9 +40,14 @@ Output = typer.Option(OutputFormat.table, "--output", "-o", help="How to print i
 
 
 def client(api_url: str | None, token: str | None) -> httpx.Client:
+    """The API client: --api and --token (or their variables), else the current context's (cli/contexts.py)."""
+    from cli import contexts  # imports this module
+
     settings = Settings()
+    ctx = contexts.current() if not (api_url and token) else {}
+    api_url, token = api_url or ctx.get("api"), token or ctx.get("token")
     if not token:
-        fail("no token: pass --token or set FAIRGANG_TOKEN")
+        fail("no token: pass --token, set FAIRGANG_TOKEN, or add a context (fairgang config set-context NAME --api URL --token T)")
     return httpx.Client(base_url=api_url or settings.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=settings.cli_timeout_s)
 
 

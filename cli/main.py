@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import typer
 
-from cli import accounting, admin, dev, fleet, jobs, serve, tokens
+from cli import accounting, admin, contexts, dev, fleet, jobs, serve, tokens
 from cli.kit import err_console
 from cli.sweeps import schedule_app, sweep_app
 from simulator.cli import sim
@@ -22,6 +22,7 @@ app.add_typer(sim_app)
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(tokens.app, name="token")
+app.add_typer(contexts.app, name="config")
 
 
 def main() -> None:
@@ -32,7 +33,8 @@ def main() -> None:
         err_console.print(f"[red]error:[/] the API at {err.request.url.host}:{err.request.url.port} did not answer in time ({err!r})")
         raise SystemExit(1) from None
     except httpx.TransportError as err:
-        err_console.print(f"[red]error:[/] cannot reach the API: {err}")
+        where = f" at {err.request.url.scheme}://{err.request.url.host}:{err.request.url.port}" if err._request is not None else ""
+        err_console.print(f"[red]error:[/] cannot reach the API{where}: {err}")
         raise SystemExit(1) from None
 
 
