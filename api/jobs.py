@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from temporalio.client import WorkflowUpdateFailedError
 
 from api.deps import Caller, State, log, require_user
-from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, PreemptResult, QueueEntry, RecentEvent, SubmitResult
+from api.schemas import AllocationPublic, EventPublic, JobDetail, JobPublic, JobUpdate, PreemptResult, QueueEntry, RecentEvent, SubmitResult
 from api.views import json_list
 from fairgang.admission import check_admission
 from fairgang.settings import Settings, log_path
@@ -237,6 +237,58 @@ async def cancel_job(state: State, who: Caller, job_id: str) -> JobPublic:
         raise HTTPException(503, "the workflow service is unreachable; try again")
     await starter.signal_cancel(client, job_id=job.id, reason=reason)
     return JobPublic.of(job)
+
+
+def _caller(who: auth.Principal) -> str:
+    return "admin" if who.admin else f"tenant {who.tenant}"
+
+
+@router.post("/jobs/{job_id}/hold", response_model=JobPublic)
+async def hold_job(state: State, who: Caller, job_id: str) -> JobPublic:
+    """Keep a queued job from placement (state HELD) until it is released. Holding a held job answers it as it is;
+    a job placed, running or ended is 409."""
+    job = await visible_job(state, who, job_id)
+    try:
+        return JobPublic.of(await stored_jobs.hold_job(state.db, job.id, by=_caller(who)))
+    except stored_jobs.NotQueued as err:
+        raise HTTPException(409, str(err)) from None
+
+
+@router.post("/jobs/{job_id}/release", response_model=JobPublic)
+async def release_job(state: State, who: Caller, job_id: str) -> JobPublic:
+    """Let a held job be placed again, in its place in the queue. Releasing a queued job answers it as it is."""
+    job = await visible_job(state, who, job_id)
+    try:
+        return JobPublic.of(await stored_jobs.release_job(state.db, job.id, by=_caller(who)))
+    except stored_jobs.NotQueued as err:
+        raise HTTPException(409, str(err)) from None
+
+
+@router.patch("/jobs/{job_id}", response_model=JobPublic)
+async def update_job(state: State, who: Caller, job_id: str, body: JobUpdate) -> JobPublic:
+    """Lower a queued or held job's priority class or shorten its max runtime (never raise them: 422); a job
+    placed, running or ended is 409. A shorter max runtime reaches the job's workflow before the store."""
+    job = await visible_job(state, who, job_id)
+    if job.state not in (JobState.QUEUED.value, JobState.HELD.value):
+        raise HTTPException(409, f"job {job.id} is {job.state}: only a queued or held job can be changed")
+    if body.max_runtime is not None and not 0 < body.max_runtime <= float(job.spec["max_runtime"]):
+        raise HTTPException(
+            422, f"max_runtime: {body.max_runtime:g}s is not above 0 and at most the job's {float(job.spec['max_runtime']):g}s"
+        )
+    if body.max_runtime is not None and job.workflow_started:
+        client = await state.temporal()
+        if client is None:
+            raise HTTPException(503, "the workflow service is unreachable; try again")
+        await starter.signal_limits(client, job_id=job.id, max_runtime_s=body.max_runtime)
+    try:
+        updated = await stored_jobs.update_waiting_job(
+            state.db, job.id, by=_caller(who), priority_class=body.priority_class, max_runtime=body.max_runtime
+        )
+    except stored_jobs.NotQueued as err:
+        raise HTTPException(409, str(err)) from None
+    except ValueError as err:
+        raise HTTPException(422, str(err)) from None
+    return JobPublic.of(updated)
 
 
 @router.post("/jobs/{job_id}/preempt", response_model=PreemptResult)

@@ -102,6 +102,17 @@ class JobDetail(JobPublic):
     estimated_start: float | None = None
 
 
+class JobUpdate(BaseModel):
+    """What may change in a job that waits: both only downwards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: A lower priority class (low, normal, high, urgent).
+    priority_class: str | None = None
+    #: A shorter max runtime: seconds, or a duration such as "30m".
+    max_runtime: Seconds | None = None
+
+
 class SubmitResult(BaseModel):
     created: bool
     job: JobPublic

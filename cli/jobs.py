@@ -1,4 +1,4 @@
-"""Job commands: ``submit``, ``jobs``, ``job``, ``logs``, ``cancel``, ``preempt``."""
+"""Job commands: ``submit``, ``jobs``, ``job``, ``logs``, ``cancel``, ``hold``, ``release``, ``update``, ``preempt``."""
 
 from __future__ import annotations
 
@@ -277,6 +277,50 @@ def cancel(
             console.print(f"cancel requested for {data['id']} (was {data['state']})")
     if failed:
         raise typer.Exit(1)
+
+
+def _each(job_ids: list[str], call: Any, api_url: str, token: str) -> None:
+    """Call ``call(http, job_id)`` for each id; print each job's new state; exit 1 if any was refused."""
+    failed = 0
+    with _client(api_url, token) as http:
+        for job_id in job_ids:
+            resp = call(http, job_id)
+            if resp.status_code >= 400:
+                failed += 1
+                body = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {"detail": resp.text}
+                err_console.print(f"[red]error:[/] {job_id}: {resp.status_code}: {body.get('detail', body)}")
+                continue
+            data = resp.json()
+            console.print(f"{data['id']}: {data['state']}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def hold(job_ids: list[str], api_url: str = ApiUrl, token: str = Token) -> None:
+    """Keep queued jobs from placement until they are released (Slurm's scontrol hold)."""
+    _each(job_ids, lambda http, job_id: http.post(f"/v1/jobs/{job_id}/hold"), api_url, token)
+
+
+@app.command()
+def release(job_ids: list[str], api_url: str = ApiUrl, token: str = Token) -> None:
+    """Let held jobs be placed again, in their place in the queue."""
+    _each(job_ids, lambda http, job_id: http.post(f"/v1/jobs/{job_id}/release"), api_url, token)
+
+
+@app.command()
+def update(
+    job_ids: list[str],
+    priority_class: str = typer.Option(None, "--priority-class", help="A lower class: low, normal or high."),
+    max_time: str = typer.Option(None, "--time", help="A shorter max runtime, e.g. 30m."),
+    api_url: str = ApiUrl,
+    token: str = Token,
+) -> None:
+    """Lower a queued or held job's priority class or shorten its max runtime."""
+    body = {k: v for k, v in {"priority_class": priority_class, "max_runtime": max_time}.items() if v is not None}
+    if not body:
+        _fail("nothing to change: give --priority-class or --time")
+    _each(job_ids, lambda http, job_id: http.patch(f"/v1/jobs/{job_id}", json=body), api_url, token)
 
 
 @app.command()

@@ -104,6 +104,8 @@ class JobState(StrEnum):
     """Where a job is in its life. Terminal states never change again."""
 
     QUEUED = "QUEUED"
+    #: Queued, but kept from placement by its owner or an admin until released (Slurm's hold).
+    HELD = "HELD"
     PLACED = "PLACED"
     LAUNCHING = "LAUNCHING"
     RUNNING = "RUNNING"

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col
 
 from fairgang.admission import job_cap_problem
-from fairgang.spec import JobSpec, JobState
+from fairgang.spec import PRIORITY_CLASSES, JobSpec, JobState
 from store.common import LIVE_ALLOCATION_STATES, TERMINAL, add_event_once, new_event, new_id
 from store.db import Database, bump_change_feed
 from store.models import Allocation, Job, JobEvent
@@ -300,6 +300,97 @@ async def set_latest_checkpoint(
         key = (f"checkpoint:{attempt}:{seq}:{checkpoint}" if seq else f"checkpoint:{checkpoint}")[:160]
         await add_event_once(session, new_event(job_id, attempt, "CHECKPOINT", checkpoint, key, now, seq=seq))
         return True
+
+
+class NotQueued(Exception):
+    """The job is not waiting for placement (held, or queued): it cannot be held, released or changed."""
+
+
+HELD_REASON = "held: it waits for `fairgang release` (POST /v1/jobs/{id}/release)"
+
+
+async def hold_job(db: Database, job_id: str, *, by: str, now: float | None = None) -> Job:
+    """Keep a queued job from placement (state HELD) until it is released; holding a held job changes nothing.
+
+    Raises:
+        LookupError: no such job. NotQueued: the job is placed, running or ended.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id, with_for_update=True)  # a binding's compare-and-set needs QUEUED
+        if job is None:
+            raise LookupError(f"no job {job_id}")
+        if job.state == JobState.HELD.value:
+            return job
+        if job.state != JobState.QUEUED.value:
+            raise NotQueued(f"job {job_id} is {job.state}: only a queued job can be held")
+        job.state, job.updated_at = JobState.HELD.value, now
+        job.pending_reason, job.pending_code = HELD_REASON.replace("{id}", job_id), None
+        session.add(new_event(job_id, job.attempt, "HELD", f"held by {by}", f"held-{now}", now))
+        await bump_change_feed(session)
+        return job
+
+
+async def release_job(db: Database, job_id: str, *, by: str, now: float | None = None) -> Job:
+    """Let a held job be placed again (state QUEUED, in its place in the queue); releasing a queued job changes nothing.
+
+    Raises:
+        LookupError: no such job. NotQueued: the job is placed, running or ended.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise LookupError(f"no job {job_id}")
+        if job.state == JobState.QUEUED.value:
+            return job
+        if job.state != JobState.HELD.value:
+            raise NotQueued(f"job {job_id} is {job.state}: only a held job can be released")
+        job.state, job.updated_at = JobState.QUEUED.value, now
+        job.pending_reason, job.pending_code = "waiting for placement", None
+        session.add(new_event(job_id, job.attempt, "RELEASED", f"released by {by}", f"released-{now}", now))
+        await bump_change_feed(session)
+        return job
+
+
+async def update_waiting_job(
+    db: Database, job_id: str, *, by: str, priority_class: str | None = None, max_runtime: float | None = None, now: float | None = None
+) -> Job:
+    """Lower a queued or held job's priority class or shorten its max runtime (never the other way: that would
+    be a new job's claim, subject to admission).
+
+    Raises:
+        LookupError: no such job. NotQueued: placed, running or ended. ValueError: a raise, or nothing to change.
+    """
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise LookupError(f"no job {job_id}")
+        if job.state not in (JobState.QUEUED.value, JobState.HELD.value):
+            raise NotQueued(f"job {job_id} is {job.state}: only a queued or held job can be changed")
+        spec = dict(job.spec)
+        changes = []
+        if priority_class is not None:
+            if priority_class not in PRIORITY_CLASSES:
+                raise ValueError(f"priority_class: unknown class '{priority_class}' (one of {', '.join(PRIORITY_CLASSES)})")
+            if PRIORITY_CLASSES[priority_class] > job.priority:
+                raise ValueError(
+                    f"priority_class: '{priority_class}' is above the job's ('{spec.get('priority_class')}'): it can only go down"
+                )
+            job.priority, spec["priority_class"] = PRIORITY_CLASSES[priority_class], priority_class
+            changes.append(f"priority class {priority_class}")
+        if max_runtime is not None:
+            if not 0 < max_runtime <= float(spec["max_runtime"]):
+                raise ValueError(f"max_runtime: {max_runtime:g}s is not above 0 and at most the job's {float(spec['max_runtime']):g}s")
+            spec["max_runtime"] = max_runtime
+            changes.append(f"max runtime {max_runtime:g}s")
+        if not changes:
+            raise ValueError("nothing to change: give priority_class or max_runtime")
+        job.spec, job.updated_at = spec, now
+        session.add(new_event(job_id, job.attempt, "UPDATED", f"{', '.join(changes)} (by {by})", f"updated-{now}", now))
+        await bump_change_feed(session)
+        return job
 
 
 class NotOnThisNode(Exception):

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         JobStatus,
         LaunchInput,
         LaunchResult,
+        LimitsChange,
         MemberStarted,
         NodeLost,
         Placement,
@@ -196,6 +197,8 @@ class WorkflowState:
     checkpoint_seq: int = 0
     #: A cancel came through Temporal itself (its UI or CLI), not the platform's cancel signal.
     cancelled_through_temporal: bool = False
+    #: A max runtime lowered while the job waited (the ``limits`` signal); None: the job's own.
+    max_runtime_s: float | None = None
 
 
 @workflow.defn(name="TrainingJob")
@@ -256,6 +259,12 @@ class TrainingJobWorkflow:
         assert self.job is not None
         record = CheckpointInput(job_id=self.job.job_id, attempt=report.attempt, path=report.path, seq=report.seq)
         await _store(StoreActivities.record_checkpoint, record)
+
+    @workflow.signal
+    def limits(self, change: LimitsChange) -> None:
+        """The job's owner lowered its max runtime while it waited (it counts from the next attempt's start)."""
+        if change.max_runtime_s is not None and change.max_runtime_s > 0:
+            self.s.max_runtime_s = min(change.max_runtime_s, self.s.max_runtime_s or change.max_runtime_s)
 
     @workflow.signal
     def member_started(self, started: MemberStarted) -> None:
@@ -415,7 +424,7 @@ class TrainingJobWorkflow:
             )
 
         self.s.running_recorded = False
-        deadline = workflow.now() + timedelta(seconds=job.max_runtime_s)
+        deadline = workflow.now() + timedelta(seconds=self.s.max_runtime_s or job.max_runtime_s)
         timed_out = False
         while True:
             remaining = (deadline - workflow.now()).total_seconds()
@@ -570,6 +579,7 @@ class TrainingJobWorkflow:
             s = self.s
             cancel = s.cancel.reason if s.cancel is not None else None
             carried = dataclasses.replace(self.job, attempt=s.attempt, own_failures=s.own_failures, infra_failures=s.infra_failures)
+            carried.max_runtime_s = s.max_runtime_s or carried.max_runtime_s
             workflow.continue_as_new(dataclasses.replace(carried, cancel_reason=cancel))
 
     async def _finish(self, state: JobState, exit_code: int | None, reason: str, key: str) -> JobOutcome:

@@ -106,6 +106,13 @@ class CheckpointReport:
 
 
 @dataclass
+class LimitsChange:
+    """A waiting job's limits, lowered by its owner (the store checked and recorded them first)."""
+
+    max_runtime_s: float | None = None
+
+
+@dataclass
 class JobRef:
     job_id: str
 

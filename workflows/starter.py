@@ -15,7 +15,17 @@ from fairgang.members import PlacedMember
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from fairgang.spec import JobState, stored_spec
 from workflows.job import GPU_TYPE, JOB_STATE, TENANT
-from workflows.messages import CancelRequest, JobInput, JobOutcome, JobStatus, NodeLost, Placement, PreemptAnswer, PreemptRequest
+from workflows.messages import (
+    CancelRequest,
+    JobInput,
+    JobOutcome,
+    JobStatus,
+    LimitsChange,
+    NodeLost,
+    Placement,
+    PreemptAnswer,
+    PreemptRequest,
+)
 
 
 async def connect(settings: Settings) -> Client:
@@ -94,6 +104,10 @@ async def signal_placement(client: Client, *, job_id: str, allocation_id: str, a
 
 async def signal_cancel(client: Client, *, job_id: str, reason: str) -> None:
     await client.get_workflow_handle(job_id).signal("cancel", CancelRequest(reason=reason))
+
+
+async def signal_limits(client: Client, *, job_id: str, max_runtime_s: float) -> None:
+    await client.get_workflow_handle(job_id).signal("limits", LimitsChange(max_runtime_s=max_runtime_s))
 
 
 async def signal_node_lost(client: Client, *, job_id: str, node_id: str) -> None:

@@ -58,6 +58,9 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/jobs"): USERS,
     ("GET", "/v1/usage"): USERS,
     ("GET", "/v1/jobs/{job_id}"): OWNER_AND_ADMIN,
+    ("PATCH", "/v1/jobs/{job_id}"): OWNER_AND_ADMIN,
+    ("POST", "/v1/jobs/{job_id}/hold"): OWNER_AND_ADMIN,
+    ("POST", "/v1/jobs/{job_id}/release"): OWNER_AND_ADMIN,
     ("GET", "/v1/jobs/{job_id}/logs"): OWNER_AND_ADMIN,
     ("POST", "/v1/jobs/{job_id}/preempt"): OWNER_AND_ADMIN,
     ("POST", "/v1/jobs/{job_id}/cancel"): OWNER_AND_ADMIN,
@@ -121,7 +124,7 @@ def _sweep(name: str) -> dict[str, Any]:
 def _body(method: str, path: str, names: dict[str, str]) -> dict[str, Any] | None:
     """A plausible body for the route (what a legitimate caller would send)."""
     if method == "PATCH":
-        return {"weight": 1}
+        return {"priority_class": "low"} if path == "/v1/jobs/{job_id}" else {"weight": 1}
     if method != "POST":
         return None
     bodies: dict[str, dict[str, Any]] = {

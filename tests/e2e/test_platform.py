@@ -232,6 +232,32 @@ def test_cli_habits_overrides_generated_names_outputs_selectors_and_following(pl
     assert again.returncode == 1 and a["id"] in again.stderr and "already ended" in again.stderr, again
 
 
+@only("sqlite")
+def test_a_held_job_waits_while_capacity_is_free_and_a_shortened_limit_reaches_its_workflow(platform: Platform) -> None:
+    blocker = platform.submit(job_spec("hold-blocker", "import time; time.sleep(300)", gpu_count=16, topology={"level": "leaf"}))
+    platform.wait_for(blocker["id"], {"RUNNING"})
+    waiting = platform.submit(job_spec("hold-me", "import time; print('started', flush=True); time.sleep(120)", gpu_count=8))
+    _wait_pending(platform, waiting["id"], "")
+    held = _cli(platform, "hold", waiting["id"])
+    assert held.returncode == 0 and "HELD" in held.stdout, held
+    # Shorter than its sleep: the limit must reach the workflow, which started with the job's first one.
+    updated = _cli(platform, "update", waiting["id"], "--time", "4s", "--priority-class", "low")
+    assert updated.returncode == 0, updated.stderr
+    assert _cli(platform, "update", waiting["id"], "--time", "2h").returncode == 1
+    assert _cli(platform, "cancel", blocker["id"]).returncode == 0
+    assert platform.wait_for(blocker["id"], TERMINAL)["state"] == "CANCELLED"
+    # The H100s are free, and stay free for the held job: it is not placed however many cycles pass.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert platform.job(waiting["id"])["state"] == "HELD"
+        time.sleep(0.5)
+    assert _cli(platform, "release", waiting["id"]).returncode == 0
+    done = platform.wait_for(waiting["id"], TERMINAL, timeout=90)
+    assert done["state"] == "TIMED_OUT" and done["finished_at"] - done["started_at"] < 60, done
+    kinds = [e["kind"] for e in done["events"]]
+    assert kinds.index("HELD") < kinds.index("UPDATED") < kinds.index("RELEASED") < kinds.index("RUNNING"), kinds
+
+
 def _wait_pending(p: Platform, job_id: str, prefix: str) -> None:
     deadline = time.monotonic() + 30
     while not (p.job(job_id).get("pending_reason") or "").startswith(prefix):
