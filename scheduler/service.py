@@ -290,3 +290,6 @@ class PlacementService:
                     await asyncio.wait_for(self._wake.wait(), self.settings.scheduler_tick_s)
         finally:
             watcher.cancel()
+            # A leader that stops hands over at once: its standby need not wait out the lease.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(placement.release_lease(self.db, name=LEASE_NAME, holder=self.holder))

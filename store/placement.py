@@ -58,6 +58,17 @@ async def acquire_lease(db: Database, *, name: str, holder: str, ttl_s: float, n
         return None
 
 
+async def release_lease(db: Database, *, name: str, holder: str) -> bool:
+    """Give the leader lease up (a leader that stops): a standby takes it at its next cycle instead of waiting out
+    the lease. True if ``holder`` held it; the epoch stays, so the next holder's is greater."""
+    async with db.transaction() as session:
+        lease = await session.get(SchedulerLease, name, with_for_update=True)
+        if lease is None or lease.holder != holder:
+            return False
+        lease.expires_at = 0.0
+        return True
+
+
 async def commit_bindings(
     db: Database,
     *,

@@ -23,7 +23,7 @@ from scheduler.service import LEASE_NAME, PlacementService
 from store import jobs as stored_jobs
 from store import nodes, placement
 from store.db import Database
-from store.models import Job
+from store.models import Job, SchedulerLease
 from tests.builders import job_spec
 from workflows import starter
 
@@ -329,3 +329,28 @@ async def test_a_node_silent_since_before_the_service_started_is_lost_only_after
     assert {n.id: n.state for n in await nodes.list_nodes(seeded)} == {"g1": "READY", "h1": "READY", "h2": "READY"}
     await service.cycle(now=t0 + 71)  # silent for the whole timeout with the service up
     assert {n.state for n in await nodes.list_nodes(seeded)} == {"LOST"}
+
+
+async def lease_holder(db: Database) -> str | None:
+    async with db.sessions() as session:
+        lease = await session.get(SchedulerLease, LEASE_NAME)
+    return None if lease is None else lease.holder
+
+
+async def test_a_leader_that_stops_hands_the_lease_over_at_once(seeded: Database, db_url: str, temporal_env: WorkflowEnvironment) -> None:
+    settings = Settings(database_url=db_url, scheduler_tick_s=60.0)  # a lease of 120 s: waiting it out would be long
+    leader = PlacementService(settings, seeded, temporal_env.client, holder="leader")
+    standby = PlacementService(settings, seeded, temporal_env.client, holder="standby")
+    serving = asyncio.create_task(leader.serve())
+    deadline = time.monotonic() + 30
+    while await lease_holder(seeded) != "leader":
+        assert time.monotonic() < deadline, "the leader never took the lease"
+        await asyncio.sleep(0.1)
+    assert not (await standby.cycle()).leader
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    # The standby leads at its next cycle, with a greater epoch (the old leader's commits are fenced).
+    report = await standby.cycle()
+    assert report.leader
+    assert not await placement.release_lease(seeded, name=LEASE_NAME, holder="leader")  # no longer its to give
