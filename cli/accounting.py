@@ -17,6 +17,7 @@ from cli.kit import client as _client
 from cli.kit import date_time as _date_time
 from cli.kit import fail as _fail
 from fairgang.durations import format_duration
+from fairgang.spec import JobState
 
 app = typer.Typer()
 
@@ -79,7 +80,7 @@ def _out(rows: list[dict[str, Any]], columns: tuple[str, ...], output: str, tabl
 def history(
     since: str = Since,
     until: str = Until,
-    state: str = typer.Option(None, "--state", help="Only jobs in this state."),
+    state: JobState = typer.Option(None, "--state", help="Only jobs in this state."),
     tenant: str = typer.Option(None, "--tenant", help="Only this tenant's jobs (an admin's choice)."),
     label: list[str] = typer.Option([], "--label", "-l", help="key=value; repeat for several."),
     page_size: int = typer.Option(1000, "--page-size", help="Jobs asked for per request."),
@@ -89,7 +90,8 @@ def history(
 ) -> None:
     """Jobs submitted in a time range, newest first, with start, end, elapsed time, GPU-hours and exit code (all
     of them: it follows the API's pages)."""
-    params: dict[str, Any] = {k: v for k, v in {"since": since, "until": until, "state": state, "tenant": tenant}.items() if v}
+    chosen = {"since": since, "until": until, "state": state.value if state else None, "tenant": tenant}
+    params: dict[str, Any] = {k: v for k, v in chosen.items() if v}
     if label:
         params["label"] = label
     rows: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ import httpx
 import typer
 
 from cli.jobs import print_jobs
-from cli.kit import console
+from cli.kit import console, flag
 from cli.kit import fail as _fail
 from fairgang.cluster import load_cluster_config
 from fairgang.spec import TERMINAL_STATES, SpecError, load_spec_text
@@ -27,7 +27,7 @@ def dev(
     api_port: int = typer.Option(8080, "--api-port"),
     temporal_port: int = typer.Option(7233, "--temporal-port"),
     ui_port: int = typer.Option(8233, "--ui-port"),
-    demo: bool = typer.Option(False, "--demo", help="Submit the example jobs and show them finish."),
+    demo: bool = flag("--demo", help="Submit the example jobs and show them finish."),
 ) -> None:
     """Run the whole platform locally in the foreground (Ctrl-C stops it)."""
     from cli.platform import DevPlatform

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, flag
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -180,7 +180,7 @@ def node_uncordon(node_id: str, api_url: str = ApiUrl, token: str = Token) -> No
 @node_app.command("drain")
 def node_drain(
     node_id: str,
-    checkpoint: bool = typer.Option(False, "--checkpoint", help="Checkpoint the jobs off the node now (default: let them finish)."),
+    checkpoint: bool = flag("--checkpoint", help="Checkpoint the jobs off the node now (default: let them finish)."),
     api_url: str = ApiUrl,
     token: str = Token,
 ) -> None:

@@ -14,7 +14,7 @@ import yaml
 from rich.live import Live
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console, flag
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import date_time as _date_time
@@ -73,13 +73,11 @@ def _wait_line(job: dict[str, Any]) -> str:
 @app.command()
 def submit(
     file: Path,
-    wait: bool = typer.Option(
-        False, "--wait", help="Wait until the job ends, showing its state as it changes, then its log; exit 0 only if it SUCCEEDED."
+    wait: bool = flag(
+        "--wait", help="Wait until the job ends, showing its state as it changes, then its log; exit 0 only if it SUCCEEDED."
     ),
     name: str = typer.Option(None, "--name", help="Instead of the spec's name."),
-    generate_name: bool = typer.Option(
-        False, "--generate-name", help="Add a fresh suffix to the name: the same file submits a new job each time."
-    ),
+    generate_name: bool = flag("--generate-name", help="Add a fresh suffix to the name: the same file submits a new job each time."),
     gpus: int = typer.Option(None, "--gpus", help="Instead of the spec's gpu_count."),
     gpu_type: str = typer.Option(None, "--gpu-type", help="Instead of the spec's gpu_type."),
     max_time: str = typer.Option(None, "--time", help="Instead of the spec's max_runtime, e.g. 2h."),
@@ -157,7 +155,7 @@ def jobs(
     tenant: str = typer.Option(None, "--tenant"),
     state: JobState = State,
     label: list[str] = Labels,
-    watch: bool = typer.Option(False, "--watch", "-w", help="Show the list again every 2 s until Ctrl-C."),
+    watch: bool = flag("--watch", "-w", help="Show the list again every 2 s until Ctrl-C."),
     limit: int = typer.Option(200, "--limit", help="At most this many (newest first)."),
     api_url: str = ApiUrl,
     token: str = Token,
@@ -206,7 +204,7 @@ def logs(
     attempt: int = typer.Option(None, "--attempt", help="Default: the latest."),
     rank: int = typer.Option(0, "--rank"),
     tail: int = typer.Option(None, "--tail", help="Only the last N lines."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what is written, across attempts, until the job ends."),
+    follow: bool = flag("--follow", "-f", help="Keep printing what is written, across attempts, until the job ends."),
     api_url: str = ApiUrl,
     token: str = Token,
 ) -> None:

@@ -39,6 +39,11 @@ OUTPUTS = tuple(OutputFormat)
 Output = typer.Option(OutputFormat.table, "--output", "-o", help="How to print it.")
 
 
+def flag(*decls: str, **options: Any) -> Any:
+    """A boolean option that is off unless given, shown in --help without a "<bool>" (it takes no value)."""
+    return typer.Option(False, *decls, metavar="", **options)
+
+
 def client(api_url: str | None, token: str | None) -> httpx.Client:
     """The API client: --api and --token (or their variables), else the current context's (cli/contexts.py)."""
     from cli import contexts  # imports this module

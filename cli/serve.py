@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from cli.kit import console, setup_logging
+from cli.kit import console, flag, setup_logging
 from cli.kit import fail as _fail
 from fairgang.cluster import load_cluster_config
 from fairgang.settings import Settings
@@ -61,7 +61,7 @@ def agent(
     gpu_type: str = typer.Option(..., "--gpu-type"),
     gpus: int = typer.Option(None, "--gpus", help="Simulated GPU count."),
     label: list[str] = typer.Option([], "--label", help="Topology label, e.g. leaf=l1."),
-    simulated: bool = typer.Option(False, "--simulated", help="Simulated GPUs instead of NVML."),
+    simulated: bool = flag("--simulated", help="Simulated GPUs instead of NVML."),
     runtime: str = typer.Option("process", "--runtime", help="process, podman or docker."),
     token: str = typer.Option(
         "", "--token", envvar="FAIRGANG_NODE_TOKEN", help="The node's credential (prefer --token-file: an environment is readable)."

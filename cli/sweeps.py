@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console, date_time, err_console
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, date_time, err_console, flag
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -69,7 +69,7 @@ def _show_sweep(s: dict[str, Any]) -> None:
 @sweep_app.command("submit")
 def sweep_submit(
     file: Path,
-    wait: bool = typer.Option(False, "--wait", help="Wait until the sweep ends; exit 0 only if it COMPLETED with no failed trial."),
+    wait: bool = flag("--wait", help="Wait until the sweep ends; exit 0 only if it COMPLETED with no failed trial."),
     api_url: str = ApiUrl,
     token: str = Token,
     output: OutputFormat = Output,

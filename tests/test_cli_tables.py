@@ -37,3 +37,22 @@ def test_schedule_ls_shows_the_cron_or_the_interval_and_the_next_run_with_its_da
     assert "cron 0 2 * * *" in lines["nightly"] and "2026-12-03 02:00 UTC" in lines["nightly"]
     assert "every 1h30m" in lines["hourly"] and "2026-12-02 12:00 UTC" in lines["hourly"]
     assert "every 1d" in lines["held"] and "2026-12-02" not in lines["held"]  # paused: no next run
+
+
+def test_help_shows_the_allowed_values_and_flags_without_a_value() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def helped(*args: str) -> str:
+        env = os.environ | {"COLUMNS": "200", "FAIRGANG_CONFIG": "/nonexistent/config.yaml"}
+        root = Path(__file__).resolve().parents[1]
+        return subprocess.run([sys.executable, "-m", "cli", *args, "--help"], cwd=root, env=env, capture_output=True, text=True).stdout
+
+    submit = helped("submit")
+    wait_line = next(line for line in submit.splitlines() if "--wait" in line)
+    assert "<bool>" not in wait_line and "<table|wide|json|yaml|name>" in submit
+    jobs = helped("jobs")
+    assert "QUEUED|HELD|PLACED|LAUNCHING|RUNNING|PREEMPTING|SUCCEEDED|FAILED|CANCELLED|TIMED_OUT" in jobs.replace(" ", "")
+    assert "QUEUED|HELD" in helped("history").replace(" ", "")
