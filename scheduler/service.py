@@ -142,6 +142,7 @@ class PlacementService:
         return report
 
     async def _cycle(self, now: float | None) -> CycleReport:
+        clock = now is None
         now = time.time() if now is None else now
         # 1. Leader lease.
         epoch = await placement.acquire_lease(self.db, name=LEASE_NAME, holder=self.holder, ttl_s=self.lease_ttl_s, now=now)
@@ -163,7 +164,9 @@ class PlacementService:
         metrics.SCHEDULING_PHASE.labels(phase="core").observe(committing - decided)
         # 4. Commit, fenced by the epoch.
         try:
-            allocations = await commit(self.db, decisions, self.reader, epoch=epoch, now=now)
+            # Stamped when committed, not when the cycle began: the snapshot may have been read after a release
+            # that came in between, and the allocation history must never show a GPU held twice at one instant.
+            allocations = await commit(self.db, decisions, self.reader, epoch=epoch, now=time.time() if clock else now)
         except placement.LeaseLost as err:
             log.warning("%s", err)
             return CycleReport(leader=False)
