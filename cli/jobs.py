@@ -252,7 +252,6 @@ def cancel(
     whose labels match --selector. Exit status 1 if any could not be cancelled."""
     if not job_ids and not label:
         _fail("name the jobs to cancel, or select them with -l key=value")
-    failed = 0
     with _client(api_url, token) as http:
         targets = list(job_ids or [])
         if label:
@@ -260,25 +259,13 @@ def cancel(
             targets += [j["id"] for j in _job_list(http, {"label": label}) if j["state"] not in ended and j["id"] not in targets]
             if not targets:
                 err_console.print("no job that has not ended matches the selector")
-        for job_id in targets:
-            resp = http.post(f"/v1/jobs/{job_id}/cancel")
-            if resp.status_code >= 400:
-                failed += 1
-                detail = (
-                    resp.json().get("detail", resp.text)
-                    if resp.headers.get("content-type", "").startswith("application/json")
-                    else resp.text
-                )
-                err_console.print(f"[red]error:[/] {job_id}: {resp.status_code}: {detail}")
-                continue
-            data = resp.json()
-            console.print(f"cancel requested for {data['id']} (was {data['state']})")
-    if failed:
-        raise typer.Exit(1)
+    _each(
+        targets, lambda http, job_id: http.post(f"/v1/jobs/{job_id}/cancel"), api_url, token, said="cancel requested for {id} (was {state})"
+    )
 
 
-def _each(job_ids: list[str], call: Any, api_url: str, token: str) -> None:
-    """Call ``call(http, job_id)`` for each id; print each job's new state; exit 1 if any was refused."""
+def _each(job_ids: list[str], call: Any, api_url: str, token: str, said: str = "{id}: {state}") -> None:
+    """Call ``call(http, job_id)`` for each id; print ``said`` of each job answered; exit 1 if any was refused."""
     failed = 0
     with _client(api_url, token) as http:
         for job_id in job_ids:
@@ -289,7 +276,7 @@ def _each(job_ids: list[str], call: Any, api_url: str, token: str) -> None:
                 err_console.print(f"[red]error:[/] {job_id}: {resp.status_code}: {body.get('detail', body)}")
                 continue
             data = resp.json()
-            console.print(f"{data['id']}: {data['state']}")
+            console.print(said.format(id=data["id"], state=data["state"]))
     if failed:
         raise typer.Exit(1)
 

@@ -309,26 +309,35 @@ class NotQueued(Exception):
 HELD_REASON = "held: it waits for `fairgang release` (POST /v1/jobs/{id}/release)"
 
 
+async def _move_waiting(db: Database, job_id: str, *, to: JobState, verb: str, reason: str, by: str, now: float | None) -> Job:
+    """Move a waiting job between QUEUED and HELD under its row lock (a binding's compare-and-set needs QUEUED);
+    one already there is answered as it is."""
+    source = JobState.HELD if to is JobState.QUEUED else JobState.QUEUED
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        job = await session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise LookupError(f"no job {job_id}")
+        if job.state == to.value:
+            return job
+        if job.state != source.value:
+            raise NotQueued(f"job {job_id} is {job.state}: only a {source.value.lower()} job can be {verb}")
+        job.state, job.updated_at = to.value, now
+        job.pending_reason, job.pending_code = reason, None
+        kind = "HELD" if to is JobState.HELD else "RELEASED"
+        session.add(new_event(job_id, job.attempt, kind, f"{verb} by {by}", f"{kind.lower()}-{now}", now))
+        await bump_change_feed(session)
+        return job
+
+
 async def hold_job(db: Database, job_id: str, *, by: str, now: float | None = None) -> Job:
     """Keep a queued job from placement (state HELD) until it is released; holding a held job changes nothing.
 
     Raises:
         LookupError: no such job. NotQueued: the job is placed, running or ended.
     """
-    now = time.time() if now is None else now
-    async with db.transaction() as session:
-        job = await session.get(Job, job_id, with_for_update=True)  # a binding's compare-and-set needs QUEUED
-        if job is None:
-            raise LookupError(f"no job {job_id}")
-        if job.state == JobState.HELD.value:
-            return job
-        if job.state != JobState.QUEUED.value:
-            raise NotQueued(f"job {job_id} is {job.state}: only a queued job can be held")
-        job.state, job.updated_at = JobState.HELD.value, now
-        job.pending_reason, job.pending_code = HELD_REASON.replace("{id}", job_id), None
-        session.add(new_event(job_id, job.attempt, "HELD", f"held by {by}", f"held-{now}", now))
-        await bump_change_feed(session)
-        return job
+    reason = HELD_REASON.replace("{id}", job_id)
+    return await _move_waiting(db, job_id, to=JobState.HELD, verb="held", reason=reason, by=by, now=now)
 
 
 async def release_job(db: Database, job_id: str, *, by: str, now: float | None = None) -> Job:
@@ -337,20 +346,7 @@ async def release_job(db: Database, job_id: str, *, by: str, now: float | None =
     Raises:
         LookupError: no such job. NotQueued: the job is placed, running or ended.
     """
-    now = time.time() if now is None else now
-    async with db.transaction() as session:
-        job = await session.get(Job, job_id, with_for_update=True)
-        if job is None:
-            raise LookupError(f"no job {job_id}")
-        if job.state == JobState.QUEUED.value:
-            return job
-        if job.state != JobState.HELD.value:
-            raise NotQueued(f"job {job_id} is {job.state}: only a held job can be released")
-        job.state, job.updated_at = JobState.QUEUED.value, now
-        job.pending_reason, job.pending_code = "waiting for placement", None
-        session.add(new_event(job_id, job.attempt, "RELEASED", f"released by {by}", f"released-{now}", now))
-        await bump_change_feed(session)
-        return job
+    return await _move_waiting(db, job_id, to=JobState.QUEUED, verb="released", reason="waiting for placement", by=by, now=now)
 
 
 async def update_waiting_job(
