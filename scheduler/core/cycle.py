@@ -13,7 +13,9 @@ The phases (each a named function below; docs/scheduler.md states the policy):
    reservations: EASY backfill); if blocked, a preemption plan when entitled; else the
    first blocked job of its GPU type takes that type's reservation for this cycle.
 5. ``settle_reservations``: per GPU type, the blocked job that has waited longest (aged
-   priority) keeps or takes the reservation fed back next cycle (anti-starvation).
+   priority) keeps or takes the reservation fed back next cycle (anti-starvation); then
+   ``grow``: elastic jobs take GPUs long idle where no job of their type waits
+   (:mod:`scheduler.core.elastic`; shrinking comes in phase 4, before any preemption plan).
 6. ``fragmentation``: stranded GPUs and the largest gang placeable, per GPU type.
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
+from scheduler.core.elastic import grow, plan_shrink
 from scheduler.core.order import FairQueue, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
@@ -38,6 +41,7 @@ from scheduler.core.types import (
     PendingJob,
     Preempt,
     Reservation,
+    Resize,
     RunningJob,
     SchedulerConfig,
     Snapshot,
@@ -85,6 +89,13 @@ class Cycle:
     own_lowest: dict[tuple[str, str], int] = field(default_factory=dict)
     #: (tenant, GPU type, the tenant's usage version, the job's GPU count) -> its "over quota" reason.
     quota_reasons: dict[tuple[str, str, int, int], PendingReason] = field(default_factory=dict)
+    #: Elastic jobs' resizes decided so far, and the jobs they concern (at most one resize per job per cycle).
+    resizes: list[Resize] = field(default_factory=list)
+    resizing: set[str] = field(default_factory=set)
+    #: GPU type -> running elastic jobs (built on first need).
+    elastic: dict[str, list[RunningJob]] | None = None
+    #: Shrink plans tried this cycle (bounded like preemption plans).
+    shrink_plans: int = 0
 
 
 def run_cycle(snapshot: Snapshot, now: float) -> Decisions:
@@ -119,8 +130,9 @@ def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
         admit(cycle, job)
     for job in borrowers:
         admit(cycle, job)
-    # 5. Reservation heads.
+    # 5. Reservation heads; elastic jobs grow onto what nobody waits for.
     settle_reservations(cycle)
+    grow(cycle)
     # 6. Output.
     reservations = [res for _, (_, res) in sorted(cycle.easy.items())] + cycle.nominations
     return Decisions(
@@ -130,6 +142,7 @@ def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
         preemptions=tuple(cycle.preemptions),
         reservations=tuple(reservations),
         fragmentation=fragmentation(cycle.ws),
+        resizes=tuple(cycle.resizes),
     )
 
 
@@ -191,23 +204,30 @@ def restore_nominations(cycle: Cycle, standing: tuple[Reservation, ...]) -> None
     for res in cycle.standing.values():
         job = cycle.pending[res.job_id]
         pool = ws.pools.get(job.gpu_type)
-        if not res.victims or not res.members or pool is None:
+        if not (res.victims or res.shrinks) or not res.members or pool is None:
             continue
         still = [cycle.running[v] for v in res.victims if v in cycle.running]
+        shrinking = [
+            (s, cycle.running[s.job_id])
+            for s in res.shrinks
+            if s.job_id in cycle.running and cycle.running[s.job_id].attempt == s.attempt and cycle.running[s.job_id].members != s.members
+        ]
         victim_gpus = {(m.node_id, g) for v in still for m in v.members for g in m.gpu_indices}
+        victim_gpus |= {(m.node_id, g) for _, d in shrinking for m in d.members for g in m.gpu_indices}
         planned = [(m.node_id, g) for m in res.members for g in m.gpu_indices]
         nodes_ok = all(node_id in ws.by_id and ws.by_id[node_id].gpu_type == job.gpu_type for node_id, _ in planned)
         if not nodes_ok or sum(len(m.gpu_indices) for m in res.members) != job.gpu_count:
             continue
         if not all(g in ws.by_id[n].free or (n, g) in victim_gpus for n, g in planned):
             continue
-        if not still:
+        if all(g in ws.by_id[n].free for n, g in planned):
             if cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count):
                 bind(cycle, pool, job, res.members, None)
                 cycle.done.add(job.id)
             continue
         reason = res.reason or "reclaim"
-        nominate(cycle, job, res.members, res.node_ids, res.start_at, [(v, reason) for v in still], reason)
+        shrinks = tuple(s for s, _ in shrinking)
+        nominate(cycle, job, res.members, res.node_ids, res.start_at, [(v, reason) for v in still], reason, shrinks)
         cycle.done.add(job.id)
 
 
@@ -262,6 +282,13 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
         assert ignoring is not None
         cycle.reasons[job.id] = pending_reason(Pending.RESERVED, holder=_blocking_holder(pool, ws, ignoring, job))
         return
+    if cycle.shrink_plans < cycle.config.max_preemption_plans:
+        shrink = plan_shrink(cycle, pool, job, end)
+        if shrink is not None:
+            cycle.shrink_plans += 1
+            members, shrinks = shrink
+            nominate(cycle, job, members, tuple(m.node_id for m in members), cycle.now, (), "shrink", shrinks)
+            return
     plan = _try_preemption(cycle, pool, job, end)
     if plan is not None:
         commit_plan(cycle, job, plan)
@@ -395,8 +422,9 @@ def nominate(
     start_at: float,
     victims: Sequence[tuple[RunningJob, str]],
     reason: str,
+    shrinks: tuple[Resize, ...] = (),
 ) -> None:
-    """Preempt the victims for ``job``, hold its planned GPUs that are free now, reserve its nodes."""
+    """Preempt the victims (and shrink the elastic donors) for ``job``, hold its planned GPUs that are free now, reserve its nodes."""
     ws = cycle.ws
     for member in members:
         node = ws.by_id[member.node_id]
@@ -408,11 +436,19 @@ def nominate(
     for victim, why in victims:
         cycle.stopping.add(victim.id)
         cycle.preemptions.append(Preempt(job_id=victim.id, attempt=victim.attempt, for_job=job.id, reason=why))
+    for shrink in shrinks:
+        cycle.resizing.add(shrink.job_id)
+        cycle.resizes.append(shrink)
     victim_ids = tuple(v.id for v, _ in victims)
     cycle.nominations.append(
-        Reservation(job_id=job.id, node_ids=node_ids, start_at=start_at, victims=victim_ids, members=members, reason=reason)
+        Reservation(
+            job_id=job.id, node_ids=node_ids, start_at=start_at, victims=victim_ids, members=members, reason=reason, shrinks=shrinks
+        )
     )
-    cycle.reasons[job.id] = pending_reason(Pending.PREEMPTING, victims=victim_ids)
+    if victim_ids or not shrinks:
+        cycle.reasons[job.id] = pending_reason(Pending.PREEMPTING, victims=victim_ids)
+    else:
+        cycle.reasons[job.id] = pending_reason(Pending.SHRINKING, donors=tuple(s.job_id for s in shrinks))
 
 
 def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:

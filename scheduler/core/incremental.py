@@ -60,13 +60,13 @@ class Scheduler:
             for sign, jobs in ((-1, changed[0]), (1, changed[1])):
                 for job in jobs:
                     key = (job.tenant, job.gpu_type)
-                    left = self._usage.get(key, 0) + sign * job.gpu_count
+                    left = self._usage.get(key, 0) + sign * job.entitled_gpus
                     if left:
                         self._usage[key] = left
                     else:
                         self._usage.pop(key, None)
                     if book is not None:
-                        book.add(job.tenant, job.gpu_type, sign * job.gpu_count)
+                        book.add(job.tenant, job.gpu_type, sign * job.entitled_gpus)
         if book is None or not book.sync_tenants(snapshot.tenants):
             book = QuotaBook(snapshot.tenants, usage=self._usage)
         book.logging = True
@@ -118,7 +118,7 @@ class FleetDiff:
                     view.schedulable,
                 ):
                     return None  # reordered, or the fleet's shape changed
-                if old.free != view.free:
+                if old.free != view.free or old.free_since != view.free_since:
                     touched.add(view.id)
                 self._views[view.id] = view
             self._nodes_seen = nodes
@@ -160,7 +160,7 @@ class FleetDiff:
                     ws.running[job.id] = job
                     ws.forget_victim(old_job)
                     ws.note_victim(job)
-                if (old_job.tenant, old_job.gpu_type, old_job.gpu_count) != (job.tenant, job.gpu_type, job.gpu_count):
+                if (old_job.tenant, old_job.gpu_type, old_job.entitled_gpus) != (job.tenant, job.gpu_type, job.entitled_gpus):
                     gone.append(old_job)
                     came.append(job)
             for old_job in replaced.values():
@@ -218,3 +218,4 @@ class FleetDiff:
                 held.update(gpus)
                 ends.append((job.expected_end, len(gpus)))
         ws.set_node(node, {g for g in view.free if 0 <= g < view.gpu_count} - held, ends)
+        node.free_since = view.free_since

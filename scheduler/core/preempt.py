@@ -190,7 +190,7 @@ def plan_preemption(
         released = _victim_gpus(ws, victim)
         for node, gpus in released:
             ws.give(node, gpus)
-        given[victim.tenant] = given.get(victim.tenant, 0) + victim.gpu_count
+        given[victim.tenant] = given.get(victim.tenant, 0) + victim.entitled_gpus
         chosen.append((victim, reason, released))
         if fits_ignoring_holds(ws, pool, job) and place(ws, pool, job, respect) is not None:
             fits = True

@@ -187,11 +187,11 @@ class QuotaBook:
 
 
 def usage_of(running: tuple[RunningJob, ...] | list[RunningJob]) -> dict[tuple[str, str], int]:
-    """GPUs held per (tenant, GPU type)."""
+    """GPUs counted against each (tenant, GPU type): held, less elastic jobs' GPUs above their minimum."""
     usage: dict[tuple[str, str], int] = {}
     for job in running:
         key = (job.tenant, job.gpu_type)
-        usage[key] = usage.get(key, 0) + job.gpu_count
+        usage[key] = usage.get(key, 0) + job.entitled_gpus
     return usage
 
 

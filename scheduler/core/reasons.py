@@ -35,6 +35,8 @@ class Pending(StrEnum):
     BACKFILL_OFF = "backfill_off"
     #: Nominated: its GPUs come free once these running jobs have stopped [victims].
     PREEMPTING = "preempting"
+    #: Nominated: its GPUs come free once these elastic jobs have shrunk to give back GPUs above their minimum [donors].
+    SHRINKING = "shrinking"
     #: No node of its GPU type is schedulable now [gpu_type].
     NO_SCHEDULABLE_NODE = "no_schedulable_node"
     #: No node has enough free GPUs for a single-node job [gpu_type, count; holds, start_at, now when it holds the
@@ -91,6 +93,8 @@ def reason_text(code: Pending, **facts: Any) -> str:
             return f"reserved behind job {f['holder']} (backfill is off)"
         case Pending.PREEMPTING:
             return "waiting for preemption of " + ", ".join(f["victims"])
+        case Pending.SHRINKING:
+            return "waiting for elastic jobs to give back GPUs above their minimum: " + ", ".join(f["donors"])
         case Pending.NO_SCHEDULABLE_NODE:
             return f"no schedulable {f['gpu_type']} node"
         case Pending.NO_FREE_NODE:

@@ -38,6 +38,8 @@ class NodeState:
     #: (expected end, GPUs) of every job holding GPUs here, including this cycle's binds. Ends
     #: are as the jobs say (possibly past); readers clamp them to the cycle's ``now``.
     ends: list[tuple[float, int]] = field(default_factory=list)
+    #: Since when its free GPUs have been free (``NodeView.free_since``).
+    free_since: float | None = None
 
 
 @dataclass(slots=True)
@@ -160,7 +162,15 @@ class Workspace:
             if not view.schedulable:
                 continue
             free = {g for g in view.free if 0 <= g < view.gpu_count} - held.get(view.id, set())
-            node = NodeState(ord=len(self.nodes), id=view.id, gpu_type=gpu_type, size=view.gpu_count, free=free, domains=keys)
+            node = NodeState(
+                ord=len(self.nodes),
+                id=view.id,
+                gpu_type=gpu_type,
+                size=view.gpu_count,
+                free=free,
+                domains=keys,
+                free_since=view.free_since,
+            )
             self.nodes.append(node)
             self.by_id[node.id] = node
             pool.nodes.append(node)

@@ -24,6 +24,9 @@ class NodeView:
     free: frozenset[int]
     #: False when the node is cordoned, lost or silent: it gets no new work.
     schedulable: bool = True
+    #: Since when its free GPUs have been free (the latest release on it); None: unknown, taken as now.
+    #: Elastic jobs grow only onto GPUs idle for ``SchedulerConfig.elastic_grow_idle_s``.
+    free_since: float | None = None
 
     def domain(self, level: str) -> str | None:
         """The node's domain at ``level`` (its own id at level ``node``)."""
@@ -57,6 +60,9 @@ class PendingJob:
     preemptible: bool = True
     #: When the job was first submitted (aging counts from here, across attempts).
     submitted_at: float | None = None
+    #: An elastic job's most GPUs; ``gpu_count`` is its minimum, what it starts with and is entitled to.
+    #: None (or not above ``gpu_count``): a fixed job.
+    gpu_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,10 +115,30 @@ class RunningJob:
     #: When its latest checkpoint was written; None: never (all work since start is at risk).
     last_checkpoint_at: float | None = None
     preemptible: bool = True
+    #: An elastic job's range: it holds ``gpu_count`` GPUs now, never fewer than ``gpu_min`` (unless
+    #: preempted whole) nor more than ``gpu_max``. None: a fixed job.
+    gpu_min: int | None = None
+    gpu_max: int | None = None
+    #: The topology level its gang must (or should) stay within; growth keeps it there.
+    topology_level: str = "any"
+    topology_required: bool = True
+    #: When its size last changed; None: never since it started.
+    resized_at: float | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.gpu_min is not None and self.gpu_max is not None and self.gpu_max > self.gpu_min
+
+    @property
+    def entitled_gpus(self) -> int:
+        """What counts against its tenant's quota: an elastic job's minimum (its GPUs above are borrowed
+        whatever the quota, and are the first taken back), a fixed job's count."""
+        return min(self.gpu_count, self.gpu_min) if self.gpu_min is not None else self.gpu_count
 
     @classmethod
     def started(cls, job: PendingJob, members: tuple[Member, ...], at: float, runtime_s: float | None = None) -> RunningJob:
         """``job`` bound to ``members`` and started at ``at``, expected to run ``runtime_s`` (default: its limit)."""
+        elastic = job.gpu_max is not None and job.gpu_max > job.gpu_count
         return cls(
             id=job.id,
             tenant=job.tenant,
@@ -124,6 +150,10 @@ class RunningJob:
             started_at=at,
             expected_end=at + (job.max_runtime_s if runtime_s is None else runtime_s),
             preemptible=job.preemptible,
+            gpu_min=job.gpu_count if elastic else None,
+            gpu_max=job.gpu_max if elastic else None,
+            topology_level=job.topology_level,
+            topology_required=job.topology_required,
         )
 
 
@@ -143,6 +173,11 @@ class SchedulerConfig:
     backfill: bool = True
     #: Most new preemption plans (one per preemptor) one cycle makes; bounds the cycle's cost.
     max_preemption_plans: int = 8
+    #: An elastic job grows only onto GPUs that have been free this long, with no job of the type waiting.
+    elastic_grow_idle_s: float = 300.0
+    #: An elastic job grows at most once per this interval (counted from its last resize): no thrashing.
+    #: Shrinking to let a waiting job start is never delayed.
+    elastic_resize_interval_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +218,28 @@ class Preempt:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """Change a running elastic job's size: stop every member, change the allocation, restart at the new size.
+
+    ``members`` is the whole allocation afterwards; the GPUs it keeps stay held throughout.
+    """
+
+    job_id: str
+    attempt: int
+    members: tuple[Member, ...]
+    from_gpus: int
+    to_gpus: int
+    #: "grow" (onto idle GPUs) or "shrink" (GPUs above its minimum, for a waiting job).
+    reason: str
+    #: For a shrink, the job that gets the GPUs.
+    for_job: str = ""
+
+    @property
+    def direction(self) -> str:
+        return "grow" if self.to_gpus > self.from_gpus else "shrink"
+
+
+@dataclass(frozen=True)
 class Reservation:
     """GPUs held for a job that cannot start yet; nobody else may take them (EASY backfill)."""
 
@@ -196,6 +253,8 @@ class Reservation:
     members: tuple[Member, ...] = ()
     #: For a nomination, the preemption reason ("priority", "reclaim" or "max_wait").
     reason: str = ""
+    #: For a nomination, the elastic jobs shrinking to give back the GPUs above their minimum that it needs.
+    shrinks: tuple[Resize, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,3 +277,5 @@ class Decisions:
     preemptions: tuple[Preempt, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     fragmentation: Fragmentation | None = None
+    #: Elastic jobs to resize (grow onto idle GPUs, or shrink for a waiting job), at most one per job.
+    resizes: tuple[Resize, ...] = ()

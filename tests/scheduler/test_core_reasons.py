@@ -34,6 +34,7 @@ TEXTS: list[tuple[Pending, dict[str, Any], str]] = [
     ),
     (Pending.BACKFILL_OFF, {"holder": "big"}, "reserved behind job big (backfill is off)"),
     (Pending.PREEMPTING, {"victims": ("v0", "v1")}, "waiting for preemption of v0, v1"),
+    (Pending.SHRINKING, {"donors": ("e1",)}, "waiting for elastic jobs to give back GPUs above their minimum: e1"),
     (Pending.NO_SCHEDULABLE_NODE, {"gpu_type": "H100"}, "no schedulable H100 node"),
     (Pending.NO_FREE_NODE, {"gpu_type": "H100", "count": 8}, "no H100 node has 8 free GPUs"),
     (
