@@ -5,10 +5,20 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from fairgang.members import members_of
 from fairgang.spec import JobState
 from store import jobs, placement
 from store.db import Database
-from workflows.messages import CheckpointInput, JobRef, QueuedInput, RequeueInput, RevokeInput, TransitionInput
+from workflows.messages import (
+    CheckpointInput,
+    JobRef,
+    QueuedInput,
+    RequeueInput,
+    ResizeInput,
+    ResizeResult,
+    RevokeInput,
+    TransitionInput,
+)
 
 
 class StoreActivities:
@@ -61,6 +71,34 @@ class StoreActivities:
         """The job's latest checkpoint in the store ("" if none): what its next attempt resumes from."""
         return await jobs.latest_checkpoint(self.db, inp.job_id)
 
+    @activity.defn(name="resize")
+    async def resize(self, inp: ResizeInput) -> ResizeResult:
+        """An elastic job's resize: the RESIZING event (``begin``), or its allocation replaced by one of ``members``
+        (refused, with the reason, when the allocation is no longer live or a GPU it adds is taken)."""
+        if inp.begin:
+            await placement.begin_resize(
+                self.db,
+                job_id=inp.job_id,
+                attempt=inp.attempt,
+                allocation_id=inp.allocation_id,
+                from_gpus=inp.from_gpus,
+                to_gpus=inp.to_gpus,
+                reason=inp.reason,
+            )
+            return ResizeResult(allocation_id=inp.allocation_id, members=inp.members)
+        try:
+            alloc = await placement.resize_allocation(
+                self.db,
+                job_id=inp.job_id,
+                attempt=inp.attempt,
+                allocation_id=inp.allocation_id,
+                members=inp.members,
+                reason=inp.reason,
+            )
+        except placement.ResizeRefused as err:
+            return ResizeResult(allocation_id=inp.allocation_id, members=[], refused=str(err))
+        return ResizeResult(allocation_id=alloc.id, members=members_of(alloc.members))
+
     def all(self) -> list[object]:
         return [
             self.mark_queued,
@@ -69,4 +107,5 @@ class StoreActivities:
             self.revoke_allocation,
             self.record_checkpoint,
             self.latest_checkpoint,
+            self.resize,
         ]

@@ -75,14 +75,13 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
     elif tenant.allowed_gpu_types and spec.gpu_type not in tenant.allowed_gpu_types:
         allowed = ", ".join(sorted(tenant.allowed_gpu_types))
         problems.append(SpecProblem(field="gpu_type", reason=f"tenant '{tenant.name}' may not use {spec.gpu_type} (allowed: {allowed})"))
-    if shapes is not None and not gang_fits_shape(spec.gpu_count, shapes):
-        problems.append(SpecProblem(field="gpu_count", reason=gang_shape_problem(spec.gpu_count, spec.gpu_type, shapes)))
-    elif shapes is not None and spec.topology.level == "node" and spec.topology.mode == "required" and spec.gpu_count > max(shapes):
-        problems.append(SpecProblem(field="topology.level", reason=f"{spec.gpu_count} GPUs do not fit on one node (at most {max(shapes)})"))
-    if spec.gpu_count > tenant.max_gpus_per_job:
+    if shapes is not None:
+        problems += _gpu_count_problems(spec, shapes)
+    if spec.max_gpus > tenant.max_gpus_per_job:
         problems.append(
             SpecProblem(
-                field="gpu_count", reason=f"{spec.gpu_count} is over tenant '{tenant.name}' limit of {tenant.max_gpus_per_job} GPUs per job"
+                field=_count_field(spec, "max"),
+                reason=f"{spec.max_gpus} is over tenant '{tenant.name}' limit of {tenant.max_gpus_per_job} GPUs per job",
             )
         )
     if spec.max_runtime > tenant.max_runtime_s:
@@ -103,6 +102,35 @@ def check_admission(spec: JobSpec, tenant: TenantPolicy, fleet: FleetShape) -> l
         levels = ", ".join(sorted(fleet.levels | {"any"}))
         problems.append(SpecProblem(field="topology.level", reason=f"unknown topology level '{spec.topology.level}' (one of {levels})"))
     return problems
+
+
+def _count_field(spec: JobSpec, bound: str) -> str:
+    """The field a GPU-count problem names: ``gpu_count``, or ``gpu_count.min`` / ``gpu_count.max`` of a range."""
+    return "gpu_count" if isinstance(spec.gpu_count, int) else f"gpu_count.{bound}"
+
+
+def _gpu_count_problems(spec: JobSpec, shapes: dict[int, int]) -> list[SpecProblem]:
+    """Whether the job's GPU count (each end of an elastic range) can ever be placed, in steps the shape allows."""
+    largest = max(shapes)
+    on_one_node = spec.topology.level == "node" and spec.topology.mode == "required"
+    for bound, count in (("min", spec.min_gpus), ("max", spec.max_gpus)):
+        if not gang_fits_shape(count, shapes):
+            return [SpecProblem(field=_count_field(spec, bound), reason=gang_shape_problem(count, spec.gpu_type, shapes))]
+        if on_one_node and count > largest:
+            return [SpecProblem(field="topology.level", reason=f"{count} GPUs do not fit on one node (at most {largest})")]
+    if spec.elastic and spec.max_gpus > largest:
+        # Spanning nodes, it grows and shrinks by whole nodes of one size: both ends must be whole nodes of it.
+        sizes = [g for g in sorted(shapes) if spec.min_gpus % g == 0 and spec.max_gpus % g == 0 and spec.max_gpus // g <= shapes[g]]
+        if not sizes:
+            return [
+                SpecProblem(
+                    field="gpu_count.min",
+                    reason=f"an elastic job larger than one node grows and shrinks by whole nodes: min ({spec.min_gpus}) and "
+                    f"max ({spec.max_gpus}) must both be multiples of one {spec.gpu_type} node size "
+                    f"({', '.join(str(g) for g in sorted(shapes))})",
+                )
+            ]
+    return []
 
 
 def check_sweep_admission(spec: SweepSpec, tenant: TenantPolicy, fleet: FleetShape) -> list[SpecProblem]:

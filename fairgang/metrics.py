@@ -33,6 +33,11 @@ SCHEDULING_PHASE = Histogram(
 )
 BINDINGS = Counter("fairgang_scheduler_bindings", "Gangs bound to GPUs and committed by the placement service.")
 PREEMPTIONS_ASKED = Counter("fairgang_scheduler_preemptions_asked", "Preemptions the placement service asked for, by reason.", ["reason"])
+RESIZES_ASKED = Counter(
+    "fairgang_scheduler_resizes_asked",
+    "Resizes of elastic jobs the placement service asked for, by direction and reason.",
+    ["direction", "reason"],
+)
 PENDING = Gauge("fairgang_scheduler_pending_jobs", "Jobs left waiting by the latest cycle.")
 LEADER = Gauge("fairgang_scheduler_leader", "1 while this placement service holds the leader lease.")
 

@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     max_wait_s: float = 6 * 3600.0
     min_runtime_before_preempt_s: float = 600.0
     backfill: bool = True
+    #: Elastic jobs grow onto GPUs free this long while no job of their type waits.
+    elastic_grow_idle_s: float = 300.0
+    #: An elastic job grows at most once per this interval (shrinking for a waiting job is never delayed).
+    elastic_resize_interval_s: float = 600.0
+    #: A resize asked for and not committed in this time may be asked for again (its workflow dropped it).
+    elastic_resize_timeout_s: float = 300.0
     #: A sweep workflow continues as new after starting this many trials (keeps its history short).
     sweep_batch_size: int = 100
     #: Infrastructure retries (lost node, agent gone) before a job ends FAILED.

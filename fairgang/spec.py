@@ -14,7 +14,18 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from fairgang.durations import parse_duration
 
@@ -137,6 +148,34 @@ class TopologySpec(BaseModel):
     mode: Literal["required", "preferred"] = "required"
 
 
+class GpuRange(BaseModel):
+    """An elastic job's GPUs (SPEC R9.2): it starts at ``min`` (what it is entitled to) and may grow to ``max``.
+
+    Its step is one GPU on one node, one whole node once it spans several (admission checks the shapes).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: int = Field(ge=1, le=4096, description="GPUs it starts with and never runs below (unless preempted whole).")
+    max: int = Field(ge=1, le=4096, description="Most GPUs it grows to onto idle capacity.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GpuRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is more than max ({self.max})")
+        return self
+
+
+#: The tags of ``gpu_count``'s two forms; errors name the field without them (``gpu_count``, ``gpu_count.min``).
+_GPU_COUNT_TAGS = ("fixed-count", "gpu-range")
+
+#: A number of GPUs, or an elastic job's range: told apart by their shape, so an error is the one form's only.
+GpuCount = Annotated[
+    Annotated[int, Field(ge=1, le=4096), Tag(_GPU_COUNT_TAGS[0])] | Annotated[GpuRange, Tag(_GPU_COUNT_TAGS[1])],
+    Discriminator(lambda v: _GPU_COUNT_TAGS[1] if isinstance(v, dict | GpuRange) else _GPU_COUNT_TAGS[0]),
+]
+
+
 class JobSpec(BaseModel):
     """A job contract (SPEC R1.1). Unknown fields are refused, not ignored."""
 
@@ -148,7 +187,9 @@ class JobSpec(BaseModel):
     entrypoint: list[str] = Field(min_length=1, description="argv of the job's process; never a shell string.")
     env: dict[str, str] = Field(default_factory=dict)
     gpu_type: str = Field(min_length=1, max_length=64)
-    gpu_count: int = Field(ge=1, le=4096)
+    gpu_count: GpuCount = Field(
+        description="GPUs of the gang: a number (a fixed job), or {min, max} (an elastic job that starts at min and grows)."
+    )
     max_runtime: Seconds = Field(description="Wall-clock limit, e.g. '2h'.")
     checkpoint_dir: str = Field(min_length=1, max_length=1024, description="Where the job writes checkpoints.")
     grace_period: Seconds = Field(default=30.0, description="Time between SIGTERM and SIGKILL.")
@@ -256,6 +297,20 @@ class JobSpec(BaseModel):
     def priority(self) -> int:
         return PRIORITY_CLASSES[self.priority_class]
 
+    @property
+    def min_gpus(self) -> int:
+        """What the job starts with and is entitled to: its fixed count, or its range's minimum."""
+        return self.gpu_count if isinstance(self.gpu_count, int) else self.gpu_count.min
+
+    @property
+    def max_gpus(self) -> int:
+        """The most it ever holds: its fixed count, or its range's maximum."""
+        return self.gpu_count if isinstance(self.gpu_count, int) else self.gpu_count.max
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_gpus > self.min_gpus
+
     def stored(self, tenant: str) -> dict[str, Any]:
         """The spec as the store keeps it (``job.spec``): JSON values, the tenant filled in, no idempotency key (the
         job row has its own). :func:`stored_spec` reads it back into an equal model, but for the key."""
@@ -290,7 +345,7 @@ def problems_from_validation(err: ValidationError, prefix: str = "") -> list[Spe
     """Turn pydantic's errors into field/reason pairs."""
     out = []
     for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"]) or "(spec)"
+        loc = ".".join(str(part) for part in item["loc"] if part not in _GPU_COUNT_TAGS) or "(spec)"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
             msg = "unknown field"

@@ -2,8 +2,13 @@
 
 Each cycle: 1. hold the leader lease, 2. snapshot the store, 3. the core (``Scheduler.run_cycle``),
 4. commit the bindings in one transaction fenced by the lease epoch, 5. signal each
-bound job's workflow (only after the commit: invariant 3), 6. reconcile (re-signal
-unacknowledged bindings, start workflows the API failed to start).
+bound job's workflow (only after the commit: invariant 3), then the preemptions and the
+elastic jobs' resizes, 6. reconcile (re-signal unacknowledged bindings, start workflows the
+API failed to start).
+
+A resize is committed by the job's workflow once its members have stopped (the store replaces its
+allocation). Until then the service keeps it in flight: it asks once, and the GPUs a growth will take
+are kept out of the snapshot's free GPUs so that no other job is bound onto them meanwhile.
 
 It wakes at once when the queue or the free capacity changes (PostgreSQL
 LISTEN/NOTIFY, or a short poll of the change-feed row on SQLite) and on a tick.
@@ -27,12 +32,13 @@ from temporalio.client import Client
 from fairgang import metrics
 from fairgang.members import PlacedMember, members_of
 from fairgang.settings import Settings
-from scheduler.core import Decisions, Preempt, Reservation, Scheduler, SchedulerConfig
+from scheduler.core import Decisions, NodeView, Preempt, Reservation, Resize, Scheduler, SchedulerConfig, Snapshot
 from scheduler.snapshot import SnapshotReader, build_snapshot
 from store import jobs as stored_jobs
 from store import nodes, placement
 from store.db import NOTIFY_CHANNEL, Database
 from workflows import starter
+from workflows.messages import ResizeRequest
 
 __all__ = ["LEASE_NAME", "CycleReport", "PlacementService", "build_snapshot"]
 
@@ -99,6 +105,7 @@ class CycleReport:
     resignalled: int = 0
     started_workflows: int = 0
     preempted: int = 0
+    resized: int = 0
 
 
 class PlacementService:
@@ -117,6 +124,8 @@ class PlacementService:
             max_wait_s=settings.max_wait_s,
             min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
             backfill=settings.backfill,
+            elastic_grow_idle_s=settings.elastic_grow_idle_s,
+            elastic_resize_interval_s=settings.elastic_resize_interval_s,
         )
         self.topology_levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
         #: The last committed cycle's reservations, fed back so nominations hold across cycles.
@@ -124,6 +133,8 @@ class PlacementService:
         self.reservations: tuple[Reservation, ...] = ()
         #: Preemptions already asked for, by (job id, attempt): each is asked once.
         self.preempting: set[tuple[str, int]] = set()
+        #: Resizes asked for and not yet committed, by job id: (the resize, when it was asked).
+        self.resizing: dict[str, tuple[Resize, float]] = {}
         #: The core, kept across cycles: it decides as ``run_cycle`` does, bringing its working copy of
         #: the fleet up to date instead of building it from the whole snapshot every cycle.
         self.scheduler = Scheduler()
@@ -155,7 +166,7 @@ class PlacementService:
         snapshot = await self.reader.read(
             self.db, now=now, stale_after_s=self.settings.node_stale_after_s, config=self.config, reservations=self.reservations
         )
-        snapshot = dataclasses.replace(snapshot, topology_levels=self.topology_levels)
+        snapshot = self._without_growth_targets(dataclasses.replace(snapshot, topology_levels=self.topology_levels), now)
         decided = time.perf_counter()
         metrics.SCHEDULING_PHASE.labels(phase="snapshot").observe(decided - read)
         decisions = self.scheduler.run_cycle(snapshot, now)
@@ -175,7 +186,10 @@ class PlacementService:
         # 5. Tell the workflows: bindings, then preemptions (victims checkpoint and stop; their GPUs are nominated).
         await self._signal(allocations, now)
         preempted = await self._preempt(decisions.preemptions, {r.id for r in snapshot.running})
-        report = CycleReport(leader=True, bound=len(allocations), pending=len(decisions.pending_reasons), preempted=preempted)
+        resized = await self._resize(decisions.resizes, now)
+        report = CycleReport(
+            leader=True, bound=len(allocations), pending=len(decisions.pending_reasons), preempted=preempted, resized=resized
+        )
         # 6. Reconcile.
         stale = await placement.unacked_allocations(
             self.db, older_than=now - self.settings.scheduler_resignal_after_s, now=now, limit=RECONCILE_BATCH
@@ -198,6 +212,51 @@ class PlacementService:
                 metrics.PREEMPTIONS_ASKED.labels(reason=p.reason).inc()
             except Exception as err:  # noqa: BLE001 - refused (not running yet, already stopping) or unreachable
                 log.info("preemption of %s not sent: %s", p.job_id, err)
+        return asked
+
+    def _without_growth_targets(self, snapshot: Snapshot, now: float) -> Snapshot:
+        """Forget the resizes that are done (the job runs on the new members, or no longer at that attempt) or
+        timed out; keep the GPUs that growths in flight will take out of the snapshot's free GPUs."""
+        running = {r.id: r for r in snapshot.running}
+        timeout = self.settings.elastic_resize_timeout_s
+        for job_id, (resize, asked) in list(self.resizing.items()):
+            job = running.get(job_id)
+            if job is None or job.attempt != resize.attempt or job.members == resize.members or now - asked > timeout:
+                del self.resizing[job_id]
+        taken: dict[str, set[int]] = {}
+        for resize, _ in self.resizing.values():
+            if resize.direction == "grow":
+                for m in resize.members:
+                    taken.setdefault(m.node_id, set()).update(m.gpu_indices)
+        if not taken:
+            return snapshot
+        nodes: list[NodeView] = [
+            dataclasses.replace(n, free=n.free - taken[n.id]) if n.id in taken and n.free & taken[n.id] else n for n in snapshot.nodes
+        ]
+        return dataclasses.replace(snapshot, nodes=tuple(nodes))
+
+    async def _resize(self, resizes: Sequence[Resize], now: float) -> int:
+        """Ask each elastic job's workflow for its resize, once while it is in flight."""
+        asked = 0
+        for r in resizes:
+            if r.job_id in self.resizing:
+                continue
+            self.resizing[r.job_id] = (r, now)
+            request = ResizeRequest(
+                attempt=r.attempt,
+                allocation_id=self.reader.allocation_ids.get(r.job_id, ""),
+                members=[PlacedMember(node_id=m.node_id, gpu_indices=list(m.gpu_indices), rank=m.rank) for m in r.members],
+                from_gpus=r.from_gpus,
+                to_gpus=r.to_gpus,
+                reason=r.reason,
+                for_job=r.for_job,
+            )
+            try:
+                await starter.signal_resize(self.client, job_id=r.job_id, request=request)
+                asked += 1
+                metrics.RESIZES_ASKED.labels(direction=r.direction, reason=r.reason).inc()
+            except Exception as err:  # noqa: BLE001 - asked again once the resize times out
+                log.info("resize of %s not sent: %s", r.job_id, err)
         return asked
 
     async def _declare_lost_nodes(self, now: float) -> None:

@@ -32,6 +32,9 @@ class JobFacts:
     topology_required: bool
     max_runtime_s: float
     preemptible: bool
+    #: An elastic job's range (None: a fixed job).
+    gpu_min: int | None = None
+    gpu_max: int | None = None
 
 
 def job_facts(spec: JobSpec) -> JobFacts:
@@ -41,6 +44,8 @@ def job_facts(spec: JobSpec) -> JobFacts:
         topology_required=spec.topology.mode == "required",
         max_runtime_s=spec.max_runtime,
         preemptible=spec.preemptible,
+        gpu_min=spec.min_gpus if spec.elastic else None,
+        gpu_max=spec.max_gpus if spec.elastic else None,
     )
 
 
@@ -67,6 +72,8 @@ class SnapshotReader:
         self.pending_reasons: dict[str, str | None] = {}
         #: The code stored beside each queued job's pending reason (None: none stored).
         self.pending_codes: dict[str, str | None] = {}
+        #: Job id -> its live allocation's id, at the last read.
+        self.allocation_ids: dict[str, str] = {}
 
     async def read(
         self,
@@ -131,7 +138,7 @@ class SnapshotReader:
         old = self._nodes
         self._nodes = {}
         for row in rows.nodes:
-            node_id, gpu_type, gpu_count, labels, state, last_heartbeat = row
+            node_id, gpu_type, gpu_count, labels, state, last_heartbeat, freed_at, registered_at = row
             schedulable = node_schedulable(state, last_heartbeat, now, stale_after_s)
             # The healthy GPUs with a row, below the node's count, that no allocation holds.
             if node_id in indices:
@@ -141,7 +148,9 @@ class SnapshotReader:
             taken = held.get(node_id)
             broken = out.get(node_id)
             free = base if not taken and not broken else base - (taken or set()) - (broken or set())
-            key = (gpu_type, gpu_count, labels, free, schedulable)
+            # Its free GPUs have been free since the last release on it, or since it joined.
+            free_since = freed_at if freed_at is not None else registered_at
+            key = (gpu_type, gpu_count, labels, free, schedulable, free_since)
             previous = old.get(node_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
@@ -153,6 +162,7 @@ class SnapshotReader:
                     labels=tuple(sorted(labels.items())),
                     free=free,
                     schedulable=schedulable,
+                    free_since=free_since,
                 )
             self._nodes[node_id] = (key, view)
             views.append(view)
@@ -165,8 +175,8 @@ class SnapshotReader:
         reasons: dict[str, str | None] = {}
         codes: dict[str, str | None] = {}
         for row in rows.queued:
-            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code = row
-            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at)
+            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code, gpu_max = row
+            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, gpu_max)
             previous = old.get(job_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
@@ -185,6 +195,7 @@ class SnapshotReader:
                     max_runtime_s=facts.max_runtime_s,
                     preemptible=facts.preemptible,
                     submitted_at=created_at,
+                    gpu_max=gpu_max,
                 )
             self._pending[job_id] = (key, view)
             reasons[job_id] = reason
@@ -198,8 +209,9 @@ class SnapshotReader:
         views = []
         old = self._running
         self._running = {}
+        self.allocation_ids = {row[1]: row[0] for row in rows.live}
         for row in rows.live:
-            alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at = row
+            alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at, resized_from = row
             key = tuple(row)
             previous = old.get(alloc_id)
             if previous is not None and previous[0] == key:
@@ -220,6 +232,11 @@ class SnapshotReader:
                     expected_end=started + facts.max_runtime_s,
                     last_checkpoint_at=checkpoint_at if job_attempt == attempt else None,
                     preemptible=facts.preemptible,
+                    gpu_min=facts.gpu_min,
+                    gpu_max=facts.gpu_max,
+                    topology_level=facts.topology_level,
+                    topology_required=facts.topology_required,
+                    resized_at=created_at if resized_from is not None else None,
                 )
             self._running[alloc_id] = (key, view)
             views.append(view)

@@ -60,6 +60,8 @@ class Node(SQLModel, table=True):
     last_heartbeat: float | None = None
     registered_at: float | None = None
     address: str | None = Field(default=None, max_length=256)
+    #: When GPUs of the node were last released (None: never since it was enrolled).
+    freed_at: float | None = None
 
 
 class Gpu(SQLModel, table=True):
@@ -90,7 +92,10 @@ class Job(SQLModel, table=True):
     idempotency_key: str = Field(max_length=160)
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     gpu_type: str = Field(max_length=64)
+    #: GPUs it asks for; an elastic job's minimum.
     gpu_count: int
+    #: An elastic job's most GPUs (None: a fixed job).
+    gpu_max: int | None = None
     priority: int = 100
     state: str = Field(default="QUEUED", max_length=16)
     attempt: int = 1
@@ -111,7 +116,7 @@ class Job(SQLModel, table=True):
 
 class Allocation(SQLModel, table=True):
     __table_args__ = (
-        UniqueConstraint("job_id", "attempt", name="uq_allocation_job_attempt"),
+        Index("ix_allocation_job_attempt", "job_id", "attempt"),
         Index("ix_allocation_state", "state"),
     )
 
@@ -128,6 +133,8 @@ class Allocation(SQLModel, table=True):
     acked_at: float | None = None
     released_at: float | None = None
     signalled_at: float | None = None
+    #: The allocation of the same attempt that a resize replaced (None: made by a placement).
+    resized_from: str | None = Field(default=None, max_length=40)
 
 
 class AllocationGpu(SQLModel, table=True):

@@ -2,7 +2,9 @@
 
 A binding is committed under the lease's epoch (:func:`commit_bindings`), signalled to its workflow until acknowledged
 (:func:`unacked_allocations`, :func:`mark_signalled`), then either revoked (a lost node) or released, which ends its
-GPUs' hold and its usage in the ledgers (store/usage.py).
+GPUs' hold and its usage in the ledgers (store/usage.py). An elastic job's resize (:func:`resize_allocation`) ends
+its allocation and makes the next one for the same attempt in one transaction: the GPUs it keeps stay held throughout,
+and every allocation row keeps one set of GPUs from its start to its end, which the ledgers and the accounting read.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from sqlmodel import col
 from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from store import usage
-from store.common import LIVE_ALLOCATION_STATES, REVOKED, held, new_event, new_id
+from store.common import LIVE_ALLOCATION_STATES, REVOKED, add_event_once, held, new_event, new_id
 from store.db import Database, bump_change_feed
-from store.models import Allocation, AllocationGpu, ChangeFeed, Job, SchedulerLease
+from store.models import Allocation, AllocationGpu, ChangeFeed, Gpu, Job, Node, SchedulerLease
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,7 @@ async def release_live(session: AsyncSession, job_id: str, now: float, *, only: 
     for alloc in (await session.execute(query)).scalars().all():
         alloc.state, alloc.released_at = "RELEASED", now
         await session.execute(update(AllocationGpu).where(col(AllocationGpu.allocation_id) == alloc.id).values(live=False))
+        await _freed(session, {m["node_id"] for m in alloc.members}, now)
         if owner is None:
             row = (await session.execute(select(col(Job.tenant), col(Job.gpu_type)).where(col(Job.id) == job_id))).one()
             owner = (row[0], row[1])
@@ -234,6 +237,132 @@ async def release_live(session: AsyncSession, job_id: str, now: float, *, only: 
     if released:
         await bump_change_feed(session)
     return released
+
+
+async def _freed(session: AsyncSession, node_ids: set[str], now: float) -> None:
+    """GPUs of these nodes were released at ``now`` (what elastic growth's idle time counts from)."""
+    if node_ids:
+        await session.execute(update(Node).where(col(Node.id).in_(sorted(node_ids))).values(freed_at=now))
+
+
+class ResizeRefused(Exception):
+    """A resize that cannot be committed: the allocation is no longer the job's live one, or a GPU it adds is taken,
+    unhealthy, or on a node that takes no new work."""
+
+
+async def _check_usable(session: AsyncSession, job_id: str, gpus: Sequence[tuple[str, int]]) -> None:
+    """Refuse a resize onto GPUs that went bad or whose node was cordoned, lost or retired since it was decided."""
+    node_ids = sorted({node_id for node_id, _ in gpus})
+    rows = (await session.execute(select(col(Node.id), col(Node.state)).where(col(Node.id).in_(node_ids)))).all()
+    states: dict[str, str] = {row[0]: row[1] for row in rows}
+    healthy = {
+        (n, i)
+        for n, i, ok in (
+            await session.execute(select(col(Gpu.node_id), col(Gpu.index), col(Gpu.healthy)).where(col(Gpu.node_id).in_(node_ids)))
+        ).all()
+        if ok
+    }
+    for node_id, index in gpus:
+        if states.get(node_id) != "READY":
+            raise ResizeRefused(f"node {node_id} takes no new work ({states.get(node_id, 'unknown')}): {job_id} is not resized onto it")
+        if (node_id, index) not in healthy:
+            raise ResizeRefused(f"GPU {node_id}/{index} is not healthy: {job_id} is not resized onto it")
+
+
+async def begin_resize(
+    db: Database, *, job_id: str, attempt: int, allocation_id: str, from_gpus: int, to_gpus: int, reason: str, now: float | None = None
+) -> bool:
+    """Record that the job's members are stopping to resize (the RESIZING event, once per allocation). True when new."""
+    now = time.time() if now is None else now
+    async with db.transaction() as session:
+        event = new_event(
+            job_id,
+            attempt,
+            "RESIZING",
+            f"resizing from {from_gpus} to {to_gpus} GPUs ({reason}): stopping every member",
+            f"resizing-{allocation_id}",
+            now,
+            allocation_id=allocation_id,
+            from_gpus=from_gpus,
+            to_gpus=to_gpus,
+            reason=reason,
+        )
+        return await add_event_once(session, event)
+
+
+async def resize_allocation(
+    db: Database, *, job_id: str, attempt: int, allocation_id: str, members: Sequence[PlacedMember], reason: str, now: float | None = None
+) -> Allocation:
+    """Replace the job's live allocation by one holding ``members``, in one transaction (idempotent: the same call
+    again returns the allocation it made). The GPUs both hold stay held throughout; those only the old one held are
+    released, those only the new one holds are taken (a GPU taken meanwhile refuses the whole resize).
+
+    Raises:
+        ResizeRefused: the allocation is not the live one of that job and attempt, or an added GPU is held.
+    """
+    now = time.time() if now is None else now
+    try:
+        async with db.transaction() as session:
+            done = (await session.execute(select(Allocation).where(col(Allocation.resized_from) == allocation_id))).scalars().first()
+            if done is not None:
+                return done
+            old = await session.get(Allocation, allocation_id)
+            if old is None or old.job_id != job_id or old.attempt != attempt or old.state not in LIVE_ALLOCATION_STATES:
+                raise ResizeRefused(f"allocation {allocation_id} is not the live allocation of {job_id} attempt {attempt}")
+            job = await session.get(Job, job_id)
+            assert job is not None
+            had = {(m["node_id"], g) for m in old.members for g in m["gpu_indices"]}
+            added = sorted({(m.node_id, g) for m in members for g in m.gpu_indices} - had)
+            if added:
+                await _check_usable(session, job_id, added)
+            before = usage.gpus_of(old.members)
+            new = Allocation(
+                id=new_id("a"),
+                job_id=job_id,
+                attempt=attempt,
+                epoch=old.epoch,
+                state="ACKED",
+                members=[m.stored() for m in members],
+                created_at=now,
+                acked_at=now,
+                signalled_at=now,
+                resized_from=old.id,
+            )
+            after = usage.gpus_of(new.members)
+            old.state, old.released_at = "RELEASED", now
+            await session.execute(update(AllocationGpu).where(col(AllocationGpu.allocation_id) == old.id).values(live=False))
+            await session.flush()
+            session.add(new)
+            await session.flush()
+            for member in members:
+                for index in member.gpu_indices:
+                    session.add(AllocationGpu(allocation_id=new.id, node_id=member.node_id, gpu_index=index))
+            await session.flush()
+            await usage.allocation_released(session, tenant=job.tenant, gpu_type=job.gpu_type, gpus=before, start=old.created_at, end=now)
+            await usage.allocation_started(session, tenant=job.tenant, gpu_type=job.gpu_type, gpus=after, start=now)
+            kept = {(m.node_id, g) for m in members for g in m.gpu_indices}
+            dropped = {m["node_id"] for m in old.members for g in m["gpu_indices"] if (m["node_id"], g) not in kept}
+            await _freed(session, dropped, now)
+            nodes = ", ".join(map(str, members))
+            session.add(
+                new_event(
+                    job_id,
+                    attempt,
+                    "RESIZED",
+                    f"resized from {before} to {after} GPUs ({reason}): on {nodes}",
+                    f"resized-{old.id}",
+                    now,
+                    allocation_id=new.id,
+                    from_gpus=before,
+                    to_gpus=after,
+                    replaced=old.id,
+                    reason=reason,
+                )
+            )
+            await bump_change_feed(session)
+            return new
+    except IntegrityError as err:
+        raise ResizeRefused(f"a GPU the resize of {job_id} adds is held by another allocation: {err.orig}") from err
 
 
 async def live_allocation_gpus(db: Database) -> Sequence[AllocationGpu]:

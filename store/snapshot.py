@@ -45,7 +45,16 @@ class Rows:
     tenants: Sequence[Any]
 
 
-NODE_COLUMNS = (col(Node.id), col(Node.gpu_type), col(Node.gpu_count), col(Node.labels), col(Node.state), col(Node.last_heartbeat))
+NODE_COLUMNS = (
+    col(Node.id),
+    col(Node.gpu_type),
+    col(Node.gpu_count),
+    col(Node.labels),
+    col(Node.state),
+    col(Node.last_heartbeat),
+    col(Node.freed_at),
+    col(Node.registered_at),
+)
 QUEUED_COLUMNS = (
     col(Job.id),
     col(Job.tenant),
@@ -57,6 +66,7 @@ QUEUED_COLUMNS = (
     col(Job.created_at),
     col(Job.pending_reason),
     col(Job.pending_code),
+    col(Job.gpu_max),
 )
 LIVE_COLUMNS = (
     col(Allocation.id),
@@ -69,6 +79,7 @@ LIVE_COLUMNS = (
     col(Job.attempt),
     col(Job.started_at),
     col(Job.latest_checkpoint_at),
+    col(Allocation.resized_from),
 )
 TENANT_COLUMNS = (col(Tenant.name), col(Tenant.weight), col(Tenant.cohort), col(Tenant.quotas))
 

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
@@ -55,6 +55,8 @@ with workflow.unsafe.imports_passed_through():
         PreemptRequest,
         QueuedInput,
         RequeueInput,
+        ResizeInput,
+        ResizeRequest,
         RevokeInput,
         StopInput,
         StopResult,
@@ -118,6 +120,8 @@ class GangOutcome(StrEnum):
     PREEMPTED = "preempted"
     #: Infrastructure: a node lost, a member that stopped heartbeating or was never picked up, an agent's error.
     LOST = "lost"
+    #: Every member stopped for an elastic job's resize: the attempt goes on at the new size.
+    RESIZED = "resized"
 
 
 @dataclass
@@ -148,6 +152,11 @@ def confirmed_end(result: LaunchResult | BaseException, relaunched: bool = False
         return True  # the agent stopped it (SIGTERM, grace, SIGKILL) before it confirmed the cancellation
     # Never picked up by its node: no process was started.
     return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def member_ended_alone(results: dict[int, LaunchResult | BaseException]) -> bool:
+    """Whether a member ended on its own (not stopped by the workflow): its end, not a resize, is the gang's news."""
+    return any(isinstance(r, LaunchResult) and r.how != "terminated" for r in results.values())
 
 
 def launch_input(job: JobInput, placement: Placement, member: PlacedMember, *, attempt: int, resume_from: str) -> LaunchInput:
@@ -199,6 +208,10 @@ class WorkflowState:
     cancelled_through_temporal: bool = False
     #: A max runtime lowered while the job waited (the ``limits`` signal); None: the job's own.
     max_runtime_s: float | None = None
+    #: A resize asked for the running attempt (cleared once committed or refused).
+    resize: ResizeRequest | None = None
+    #: When the current attempt must end (its max runtime from its start): a resize does not move it.
+    deadline: float | None = None
 
 
 @workflow.defn(name="TrainingJob")
@@ -239,6 +252,19 @@ class TrainingJobWorkflow:
         """Preempt without an answer (signals work even while no worker runs)."""
         if self.s.placement is not None and self.s.state in (JobState.LAUNCHING, JobState.RUNNING) and self.s.preempt is None:
             self.s.preempt = request
+
+    @workflow.signal
+    def resize(self, request: ResizeRequest) -> None:
+        """Resize the running attempt of an elastic job (from the placement service); a request for another
+        allocation, or while the attempt is stopping for any reason, is dropped (the service asks again)."""
+        placement = self.s.placement
+        if placement is None or request.attempt != self.s.attempt or request.allocation_id != placement.allocation_id:
+            return
+        if self.s.state not in (JobState.LAUNCHING, JobState.RUNNING) or self.s.resize is not None:
+            return
+        if self.s.preempt is not None or self.s.cancel is not None or self.s.lost_nodes:
+            return
+        self.s.resize = request
 
     @workflow.signal
     def node_lost(self, lost: NodeLost) -> None:
@@ -331,6 +357,8 @@ class TrainingJobWorkflow:
                 stored = await _store(StoreActivities.latest_checkpoint, JobRef(job_id=job.job_id))
                 self.s.latest_checkpoint = stored or self.s.latest_checkpoint
             result = await self._run_gang(job, placement)
+            while result.kind == GangOutcome.RESIZED:
+                result, placement = await self._resize(job, placement, result)
             # Histories from before the fence rule replay as they ran (they waited the grace period on a loss).
             fence_rule = workflow.patched(FENCE_PATCH)
             if fence_rule and result.unconfirmed:
@@ -362,6 +390,46 @@ class TrainingJobWorkflow:
             await workflow.sleep(backoff if fence_rule else job.grace_period_s + backoff)
             await self._requeue(result.reason)
 
+    async def _resize(self, job: JobInput, placement: Placement, stopped: GangResult) -> tuple[GangResult, Placement]:
+        """Every member has stopped for a resize: replace the allocation in the store and launch the gang again at
+        the new size, from the latest checkpoint. A resize the store refuses (a GPU it adds was taken meanwhile)
+        launches the gang again as it was. What came meanwhile (cancel, preemption, a node lost) ends the attempt as
+        it would have otherwise; so does a member whose end no agent confirmed (it is fenced as a lost one)."""
+        request = self.s.resize
+        assert request is not None
+        self.s.resize = None
+        if stopped.unconfirmed:
+            return GangResult(GangOutcome.LOST, None, "a member's end was not confirmed while resizing", stopped.unconfirmed), placement
+        answer = await _store(
+            StoreActivities.resize,
+            ResizeInput(
+                job_id=job.job_id,
+                attempt=self.s.attempt,
+                allocation_id=placement.allocation_id,
+                members=request.members,
+                from_gpus=request.from_gpus,
+                to_gpus=request.to_gpus,
+                reason=request.reason,
+            ),
+        )
+        if answer.refused:
+            workflow.logger.warning("resize of %s refused: %s; launching it again as it was", job.job_id, answer.refused)
+        else:
+            placement = Placement(allocation_id=answer.allocation_id, attempt=self.s.attempt, members=answer.members)
+            self.s.placement = placement
+            self.s.lost_nodes &= {m.node_id for m in placement.members}
+        if self.s.cancel is not None:
+            return GangResult(GangOutcome.CANCELLED, None, "cancelled"), placement
+        if self.s.preempt is not None:
+            await self._transition(JobState.PREEMPTING, f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
+            return GangResult(GangOutcome.PREEMPTED, None, f"preempted: {self.s.preempt.reason}"), placement
+        if self.s.lost_nodes:
+            return GangResult(GangOutcome.LOST, None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost"), placement
+        stored = await _store(StoreActivities.latest_checkpoint, JobRef(job_id=job.job_id))
+        self.s.latest_checkpoint = stored or self.s.latest_checkpoint
+        self.s.started_members = set()
+        return await self._run_gang(job, placement, resumed=True), placement
+
     async def _fence(self, job: JobInput, placement: Placement, result: GangResult) -> None:
         """Make sure the members whose end is unconfirmed are dead before the GPUs or the job move on.
 
@@ -378,8 +446,9 @@ class TrainingJobWorkflow:
         await _store(StoreActivities.revoke_allocation, revoke)
         await workflow.sleep(surely_dead_after_s(job.self_fence_after_s, job.grace_period_s))
 
-    async def _run_gang(self, job: JobInput, placement: Placement) -> GangResult:
-        """Launch one activity per member, watch them, stop all if one fails."""
+    async def _run_gang(self, job: JobInput, placement: Placement, *, resumed: bool = False) -> GangResult:
+        """Launch one activity per member, watch them, stop all if one fails (or for a resize: ``resumed`` launches
+        them again after one)."""
         members = sorted(placement.members, key=lambda m: m.rank)
         world = len(members)
         results: dict[int, LaunchResult | BaseException] = {}
@@ -416,7 +485,9 @@ class TrainingJobWorkflow:
             r = results.get(rank)
             if not isinstance(r, ActivityError) or members[rank].node_id in self.s.lost_nodes:
                 return False
-            if self.s.cancel is not None or self.s.preempt is not None or relaunched.get(rank, 0) >= MAX_RELAUNCHES:
+            if self.s.cancel is not None or self.s.preempt is not None or self.s.resize is not None:
+                return False
+            if relaunched.get(rank, 0) >= MAX_RELAUNCHES:
                 return False
             cause = r.cause
             return (isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.HEARTBEAT) or (
@@ -424,7 +495,11 @@ class TrainingJobWorkflow:
             )
 
         self.s.running_recorded = False
-        deadline = workflow.now() + timedelta(seconds=self.s.max_runtime_s or job.max_runtime_s)
+        if resumed and self.s.deadline is not None:  # launched again after a resize: the limit counts from the attempt's start
+            deadline = datetime.fromtimestamp(self.s.deadline, UTC)
+        else:
+            deadline = workflow.now() + timedelta(seconds=self.s.max_runtime_s or job.max_runtime_s)
+            self.s.deadline = deadline.timestamp()
         timed_out = False
         while True:
             remaining = (deadline - workflow.now()).total_seconds()
@@ -435,6 +510,7 @@ class TrainingJobWorkflow:
                         or member_failed()
                         or self.s.cancel is not None
                         or self.s.preempt is not None
+                        or self.s.resize is not None
                         or bool(self.s.lost_nodes)
                         or (not self.s.running_recorded and len(self.s.started_members) == world)
                     ),
@@ -466,6 +542,20 @@ class TrainingJobWorkflow:
                     stops.append(self._stop_member(job, placement, member.node_id, member.rank, why))
         if stopping and self.s.preempt is not None and self.s.cancel is None and not timed_out:
             await self._transition(JobState.PREEMPTING, f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
+        elif stopping and self._resizing(timed_out):
+            request = self.s.resize
+            assert request is not None
+            begin = ResizeInput(
+                job_id=job.job_id,
+                attempt=self.s.attempt,
+                allocation_id=placement.allocation_id,
+                members=request.members,
+                from_gpus=request.from_gpus,
+                to_gpus=request.to_gpus,
+                reason=request.reason,
+                begin=True,
+            )
+            await _store(StoreActivities.resize, begin)
         if stopping:
             for handle in handles:
                 if not handle.done():
@@ -503,7 +593,14 @@ class TrainingJobWorkflow:
             return f"preempt: {self.s.preempt.reason}"
         if self.s.lost_nodes:
             return f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost"
+        if self.s.resize is not None:
+            return f"resize from {self.s.resize.from_gpus} to {self.s.resize.to_gpus} GPUs"
         return "another member of the gang ended"
+
+    def _resizing(self, timed_out: bool) -> bool:
+        """Whether the gang stops for a resize alone (nothing that ends the attempt came too)."""
+        s = self.s
+        return s.resize is not None and s.cancel is None and s.preempt is None and not s.lost_nodes and not timed_out
 
     def _judge(self, results: dict[int, LaunchResult | BaseException], *, timed_out: bool, stopping: bool) -> GangResult:
         """How the attempt ended. What the platform asked for comes first, then what happened."""
@@ -515,6 +612,8 @@ class TrainingJobWorkflow:
             return GangResult(GangOutcome.PREEMPTED, None, f"preempted: {self.s.preempt.reason}")
         if self.s.lost_nodes and stopping:
             return GangResult(GangOutcome.LOST, None, f"node(s) {', '.join(sorted(self.s.lost_nodes))} lost")
+        if self._resizing(timed_out) and stopping and not member_ended_alone(results):
+            return GangResult(GangOutcome.RESIZED, None, "resizing")
         for rank in sorted(results):
             r = results[rank]
             if isinstance(r, ActivityError) and isinstance(r.cause, ActivityTimeoutError):

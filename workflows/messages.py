@@ -66,6 +66,52 @@ class Placement:
 
 
 @dataclass
+class ResizeRequest:
+    """Signal from the placement service: resize the running elastic job's attempt to ``members``.
+
+    The workflow stops every member gracefully (SIGTERM, grace, SIGKILL), has the store replace the allocation
+    (``ResizeInput``), and launches every member again at the new size, resuming from the latest checkpoint. A
+    resize is neither a failure nor a new attempt.
+    """
+
+    attempt: int
+    allocation_id: str
+    members: list[PlacedMember]
+    from_gpus: int
+    to_gpus: int
+    #: "grow" onto idle GPUs ("idle"), or "shrink" for a waiting job ("waiting_job").
+    reason: str = ""
+    for_job: str = ""
+
+    @property
+    def direction(self) -> str:
+        return "grow" if self.to_gpus > self.from_gpus else "shrink"
+
+
+@dataclass
+class ResizeInput:
+    """Record a resize in the store: ``begin`` writes the RESIZING event; otherwise the allocation is replaced."""
+
+    job_id: str
+    attempt: int
+    allocation_id: str
+    members: list[PlacedMember]
+    from_gpus: int
+    to_gpus: int
+    reason: str
+    begin: bool = False
+
+
+@dataclass
+class ResizeResult:
+    """The attempt's allocation after a resize: the new one, or (``refused`` says why) the one it had."""
+
+    allocation_id: str
+    members: list[PlacedMember]
+    refused: str = ""
+
+
+@dataclass
 class CancelRequest:
     reason: str = "cancelled by user"
 

@@ -25,6 +25,7 @@ from workflows.messages import (
     Placement,
     PreemptAnswer,
     PreemptRequest,
+    ResizeRequest,
 )
 
 
@@ -42,7 +43,7 @@ def job_input(job: Any, settings: Settings) -> JobInput:
         job_id=job.id,
         tenant=job.tenant,
         gpu_type=spec.gpu_type,
-        gpu_count=spec.gpu_count,
+        gpu_count=spec.min_gpus,
         argv=list(spec.entrypoint),
         env=dict(spec.env),
         checkpoint_dir=spec.checkpoint_dir,
@@ -100,6 +101,11 @@ async def signal_placement(client: Client, *, job_id: str, allocation_id: str, a
     """Tell the job's workflow of its committed binding."""
     placement = Placement(allocation_id=allocation_id, attempt=attempt, members=list(members))
     await client.get_workflow_handle(job_id).signal("place", placement)
+
+
+async def signal_resize(client: Client, *, job_id: str, request: ResizeRequest) -> None:
+    """Ask the elastic job's workflow to resize its running attempt (it drops a stale or duplicate request)."""
+    await client.get_workflow_handle(job_id).signal("resize", request)
 
 
 async def signal_cancel(client: Client, *, job_id: str, reason: str) -> None:

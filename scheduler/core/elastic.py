@@ -15,9 +15,9 @@ node once it spans several (every member then holds a whole node).
 - **Grow** (:func:`grow`): after admission, while no job of a GPU type waits for capacity,
   an elastic job of that type takes GPUs that have been free for ``elastic_grow_idle_s``: on
   its own node, or whole nodes inside its topology domain (the domain of its first member at
-  its required level; nearest domains first when the level is only preferred). At most once per
-  ``elastic_resize_interval_s`` since its last resize: growth never thrashes; shrinking for a
-  waiting job is never delayed.
+  its required level; nearest domains first when the level is only preferred). Not before it has
+  run ``elastic_resize_interval_s`` since it started or was last resized: growth never thrashes;
+  shrinking for a waiting job is never delayed.
 
 A resize stops every member and restarts them all at the new size (TorchElastic's model): its
 cost is the work since the job's last checkpoint, which is why donors are taken cheapest first.
@@ -180,7 +180,7 @@ def grow(cycle: Cycle) -> None:
             if job.gpu_count < (job.gpu_max or 0)
             and job.id not in cycle.stopping
             and job.id not in cycle.resizing
-            and (job.resized_at is None or cycle.now - job.resized_at >= config.elastic_resize_interval_s)
+            and cycle.now - (job.started_at if job.resized_at is None else job.resized_at) >= config.elastic_resize_interval_s
         ]
         # The furthest below its maximum first (a fair split of the idle GPUs), then by id.
         for job in sorted(growers, key=lambda j: (j.gpu_count / (j.gpu_max or 1), j.id)):

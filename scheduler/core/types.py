@@ -175,7 +175,7 @@ class SchedulerConfig:
     max_preemption_plans: int = 8
     #: An elastic job grows only onto GPUs that have been free this long, with no job of the type waiting.
     elastic_grow_idle_s: float = 300.0
-    #: An elastic job grows at most once per this interval (counted from its last resize): no thrashing.
+    #: An elastic job grows only once it has run this long since it started or was last resized: no thrashing.
     #: Shrinking to let a waiting job start is never delayed.
     elastic_resize_interval_s: float = 600.0
 

@@ -67,6 +67,9 @@ def test_growth_waits_out_the_interval_since_the_last_resize() -> None:
     e = replace(elastic_running("e", {"l1-n0": tuple(range(8))}, 8, 32), resized_at=-100.0)
     assert run_cycle(snap(idle(nodes), running_jobs=[e], config=CONFIG), 0.0).resizes == ()
     assert run_cycle(snap(idle(nodes), running_jobs=[replace(e, resized_at=-700.0)], config=CONFIG), 0.0).resizes != ()
+    # Its start counts as its last size change: a job that has just started is not restarted to grow.
+    fresh = replace(e, resized_at=None, started_at=-100.0)
+    assert run_cycle(snap(idle(nodes), running_jobs=[fresh], config=CONFIG), 0.0).resizes == ()
 
 
 def test_a_single_node_elastic_job_grows_by_gpus_on_its_node() -> None:

@@ -13,6 +13,7 @@ must give equal snapshots
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -22,6 +23,7 @@ from sqlalchemy import delete, select
 from sqlmodel import col
 
 from fairgang.cluster import ClusterConfig
+from fairgang.members import PlacedMember
 from fairgang.spec import JobState
 from scheduler.core import Member, NodeView, PendingJob, Quota, RunningJob, Scheduler, SchedulerConfig, Snapshot, TenantView
 from scheduler.service import LEASE_NAME, commit
@@ -35,8 +37,14 @@ from tests.builders import job_spec
 from tests.conftest import small_cluster
 
 HALF_LIFE = 600.0
-CONFIG = SchedulerConfig(usage_half_life_s=HALF_LIFE, min_runtime_before_preempt_s=60.0)
+CONFIG = SchedulerConfig(
+    usage_half_life_s=HALF_LIFE, min_runtime_before_preempt_s=60.0, elastic_grow_idle_s=60.0, elastic_resize_interval_s=120.0
+)
 STALE = 1e12
+
+
+#: Resizes each walk committed (the walks as a whole must commit some: see the last test).
+WALK_RESIZES: list[int] = []
 
 
 async def _from_scratch(db: Database, *, now: float, stale_after_s: float, config: SchedulerConfig) -> Snapshot:
@@ -54,7 +62,15 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
         labels = tuple(sorted(node.labels.items()))
         schedulable = node.state == "READY" and fresh
         nodes.append(
-            NodeView(id=node.id, gpu_type=node.gpu_type, gpu_count=node.gpu_count, labels=labels, free=free, schedulable=schedulable)
+            NodeView(
+                id=node.id,
+                gpu_type=node.gpu_type,
+                gpu_count=node.gpu_count,
+                labels=labels,
+                free=free,
+                schedulable=schedulable,
+                free_since=node.freed_at if node.freed_at is not None else node.registered_at,
+            )
         )
     pending = []
     for job in await jobs.queued_jobs(db):
@@ -73,6 +89,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
                 max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
                 preemptible=bool(job.spec.get("preemptible", True)),
                 submitted_at=job.created_at,
+                gpu_max=job.gpu_max,
             )
         )
     async with db.sessions() as session:
@@ -93,6 +110,8 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
             continue
         started = job.started_at if job.started_at is not None and job.attempt == alloc.attempt else alloc.created_at
         members = tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members)
+        count = job.spec["gpu_count"]
+        topology = job.spec.get("topology") or {}
         running.append(
             RunningJob(
                 id=job.id,
@@ -106,6 +125,11 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
                 expected_end=started + float(job.spec.get("max_runtime") or 3600.0),
                 last_checkpoint_at=job.latest_checkpoint_at if job.attempt == alloc.attempt else None,
                 preemptible=bool(job.spec.get("preemptible", True)),
+                gpu_min=count["min"] if isinstance(count, dict) else None,
+                gpu_max=count["max"] if isinstance(count, dict) else None,
+                topology_level=topology.get("level", "any"),
+                topology_required=topology.get("mode", "required") == "required",
+                resized_at=alloc.created_at if alloc.resized_from is not None else None,
             )
         )
     tenants = tuple(
@@ -159,6 +183,7 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
     reader, core = SnapshotReader(), Scheduler()
     compared = 0
     serial = 0
+    resized = 0
     for _ in range(steps):
         action = rng.choices(
             ["arrive", "cycle", "run", "checkpoint", "end", "revoke", "requeue", "fault", "cordon", "quota", "restart", "wait"],
@@ -168,7 +193,9 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
         if action == "arrive":
             for _ in range(rng.randint(1, 3)):
                 serial += 1
-                gpu_type, counts = rng.choice([("H100-80GB", [1, 2, 4, 8, 16]), ("L40S", [1, 2, 4])])
+                gpu_type, counts = rng.choice(
+                    [("H100-80GB", [1, 2, 4, 8, 16, {"min": 8, "max": 16}]), ("L40S", [1, 2, 4, {"min": 1, "max": 4}])]
+                )
                 spec = job_spec(
                     name=f"j{serial}",
                     gpu_type=gpu_type,
@@ -190,6 +217,21 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
             epoch = await placement.acquire_lease(db, name=LEASE_NAME, holder="walk", ttl_s=1e9, now=now)
             assert epoch is not None
             await commit(db, decided, reader, epoch=epoch, now=now)  # as the placement service commits
+            for resize in decided.resizes:  # as the workflow commits a resize once its members stopped
+                if rng.random() < 0.7:
+                    members = [PlacedMember(node_id=m.node_id, gpu_indices=list(m.gpu_indices), rank=m.rank) for m in resize.members]
+                    alloc_id = reader.allocation_ids[resize.job_id]
+                    with contextlib.suppress(placement.ResizeRefused):
+                        await placement.resize_allocation(
+                            db,
+                            job_id=resize.job_id,
+                            attempt=resize.attempt,
+                            allocation_id=alloc_id,
+                            members=members,
+                            reason="walk",
+                            now=now,
+                        )
+                        resized += 1
         else:
             running = [j for j in await jobs.list_jobs(db, limit=1000) if j.state in ("PLACED", "RUNNING")]
             if action == "run" and running:
@@ -223,6 +265,7 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
                 reader, core = SnapshotReader(), Scheduler()
         # The ledger equals the integral over every allocation at any moment.
         await _assert_ledger_is_the_integral(db, HALF_LIFE, now)
+    WALK_RESIZES.append(resized)
     return compared
 
 
@@ -253,3 +296,10 @@ async def test_a_ledger_built_late_from_the_history_equals_the_integral(seeded: 
         await _assert_ledger_is_the_integral(seeded, half_life, later)
     await usage.rebuild(seeded, now=later)
     await _assert_ledger_is_the_integral(seeded, 300.0, later + 1)
+
+
+async def test_the_walks_resize_elastic_jobs(seeded: Database) -> None:
+    """The walk commits the resizes the core decides, as the workflows do: this one does some."""
+    WALK_RESIZES.clear()
+    await _walk(seeded, 5, steps=120)
+    assert sum(WALK_RESIZES) > 0

@@ -41,6 +41,10 @@ ALPHA = TenantPolicy(
         ({"env": {"1BAD": "x"}}, "env", "not a valid environment variable"),
         ({"topology": {"level": "leaf", "mode": "maybe"}}, "topology.mode", "'required' or 'preferred'"),
         ({"gpus": 3}, "gpus", "unknown field"),
+        ({"gpu_count": {"min": 16, "max": 8}}, "gpu_count", "min (16) is more than max (8)"),
+        ({"gpu_count": {"min": 0, "max": 8}}, "gpu_count.min", "greater than or equal to 1"),
+        ({"gpu_count": {"min": 8}}, "gpu_count.max", "Field required"),
+        ({"gpu_count": {"min": 8, "max": 16, "step": 8}}, "gpu_count.step", "unknown field"),
         ({"gpu_type": None}, "gpu_type", "Field required"),
     ],
 )
@@ -79,11 +83,28 @@ def test_spec_that_is_not_a_mapping_is_refused() -> None:
         ({"checkpoint_dir": "/ckpt/alphabet"}, "checkpoint_dir", "/ckpt/alpha"),
         ({"topology": {"level": "rack"}}, "topology.level", "unknown topology level"),
         ({"gpu_count": 16, "topology": {"level": "node"}}, "topology.level", "do not fit on one node"),
+        ({"gpu_count": {"min": 8, "max": 24}}, "gpu_count.max", "24 H100-80GB GPUs is more than the fleet has: 16 in all"),
+        ({"gpu_count": {"min": 12, "max": 16}}, "gpu_count.min", "12 H100-80GB GPUs is not whole nodes"),
+        ({"gpu_count": {"min": 4, "max": 16}}, "gpu_count.min", "grows and shrinks by whole nodes: min (4) and max (16)"),
+        ({"gpu_count": {"min": 4, "max": 16}, "topology": {"level": "node"}}, "topology.level", "16 GPUs do not fit on one node"),
     ],
 )
 def test_admission_refusal_names_the_field(overrides: dict, field: str, reason: str) -> None:
     problems = check_admission(job_spec(**overrides), ALPHA, FLEET)
     assert any(p.field == field and reason in p.reason for p in problems), problems
+
+
+@pytest.mark.parametrize("count", [{"min": 2, "max": 8}, {"min": 8, "max": 16}, {"min": 4, "max": 4}])
+def test_an_elastic_range_in_steps_the_fleet_allows_is_admitted(count: dict) -> None:
+    spec = job_spec(gpu_count=count)
+    assert check_admission(spec, ALPHA, FLEET) == []
+    assert (spec.min_gpus, spec.max_gpus, spec.elastic) == (count["min"], count["max"], count["max"] > count["min"])
+
+
+def test_an_elastic_jobs_maximum_is_held_to_the_tenants_gpus_per_job() -> None:
+    tight = TenantPolicy(name="t", allowed_gpu_types=frozenset(), max_gpus_per_job=8, max_runtime_s=3600, checkpoint_prefix="/ckpt")
+    problems = check_admission(job_spec(gpu_count={"min": 8, "max": 16}, checkpoint_dir="/ckpt/x"), tight, FLEET)
+    assert [(p.field, p.reason) for p in problems] == [("gpu_count.max", "16 is over tenant 't' limit of 8 GPUs per job")]
 
 
 def test_admission_over_max_gpus_per_job() -> None:

@@ -9,13 +9,14 @@ from store.models import Allocation, Job
 from tests.builders import job_spec
 
 
-async def bind(db: Database, job_id: str, members: list[PlacedMember], epoch: int) -> list[Allocation]:
+async def bind(db: Database, job_id: str, members: list[PlacedMember], epoch: int, now: float | None = None) -> list[Allocation]:
     return await placement.commit_bindings(
         db,
         bindings=[placement.BindingRow(job_id=job_id, attempt=1, members=members)],
         pending_reasons={},
         lease_name="placement",
         epoch=epoch,
+        now=now,
     )
 
 

@@ -130,3 +130,65 @@ async def test_a_pending_reason_is_stored_with_its_code_and_both_go_when_the_job
     await write({b.id: "reserved behind job x"}, {b.id: "reserved"})
     await jobs.record_transition(seeded, job_id=b.id, attempt=1, state=JobState.CANCELLED, event_key="cancel-1")
     assert await stored(b.id) == (None, None)
+
+
+async def test_a_resize_replaces_the_allocation_keeping_its_gpus_held_and_the_ledger_exact(seeded: Database) -> None:
+    from store import health, nodes, usage
+    from store.models import Node
+
+    for node_id in ("h1", "h2"):
+        await nodes.register_node(seeded, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=50.0)
+    job = await queued_job(seeded, "elastic")
+    other = await queued_job(seeded, "other")
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    [alloc] = await bind(seeded, job.id, [PlacedMember(node_id="h1", gpu_indices=[0, 1], rank=0)], epoch, now=100.0)
+    grown = [PlacedMember(node_id="h1", gpu_indices=[0, 1, 2, 3], rank=0)]
+    new = await placement.resize_allocation(
+        seeded, job_id=job.id, attempt=1, allocation_id=alloc.id, members=grown, reason="idle", now=200.0
+    )
+    # Idempotent: the same call again answers the allocation it made.
+    again = await placement.resize_allocation(
+        seeded, job_id=job.id, attempt=1, allocation_id=alloc.id, members=grown, reason="idle", now=250.0
+    )
+    assert again.id == new.id and new.resized_from == alloc.id and new.attempt == 1
+    held = {(g.node_id, g.gpu_index, g.allocation_id) for g in await placement.live_allocation_gpus(seeded)}
+    assert held == {("h1", i, new.id) for i in range(4)}
+    # A GPU another allocation holds, a broken GPU, a node taking no new work: each refuses the whole resize.
+    [taken] = await bind(seeded, other.id, [PlacedMember(node_id="h1", gpu_indices=[4], rank=0)], epoch, now=210.0)
+    for members, why in (
+        ([PlacedMember(node_id="h1", gpu_indices=[0, 1, 2, 3, 4], rank=0)], "held by another allocation"),
+        ([PlacedMember(node_id="h1", gpu_indices=[0, 1, 2, 3, 5], rank=0)], "not healthy"),
+        (
+            [PlacedMember(node_id="h1", gpu_indices=[0, 1, 2, 3], rank=0), PlacedMember(node_id="h2", gpu_indices=[0], rank=1)],
+            "no new work",
+        ),
+    ):
+        await health.set_gpu_health(seeded, node_id="h1", index=5, healthy=False)
+        await nodes.set_node_state(seeded, node_id="h2", state="CORDONED")
+        with pytest.raises(placement.ResizeRefused, match=why):
+            await placement.resize_allocation(
+                seeded, job_id=job.id, attempt=1, allocation_id=new.id, members=members, reason="idle", now=300.0
+            )
+    # Nothing of a refused resize was written.
+    assert {(g.node_id, g.gpu_index) for g in await placement.live_allocation_gpus(seeded) if g.allocation_id == new.id} == {
+        ("h1", i) for i in range(4)
+    }
+    # A stale allocation (already replaced) is refused too.
+    with pytest.raises(placement.ResizeRefused, match="not the live allocation"):
+        await placement.resize_allocation(seeded, job_id=job.id, attempt=1, allocation_id=taken.id, members=grown, reason="idle", now=300.0)
+    shrunk = [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)]
+    last = await placement.resize_allocation(
+        seeded, job_id=job.id, attempt=1, allocation_id=new.id, members=shrunk, reason="waiting_job", now=400.0
+    )
+    async with seeded.sessions() as session:
+        node = await session.get(Node, "h1")
+        assert node is not None and node.freed_at == 400.0  # the GPUs given back are free from now
+    events = [e for e in await jobs.job_events(seeded, job.id) if e.kind == "RESIZED"]
+    assert [(e.data["from_gpus"], e.data["to_gpus"], e.data["replaced"]) for e in events] == [(2, 4, alloc.id), (4, 1, new.id)]
+    # The decayed usage kept by the ledger equals the integral over the allocation rows: 2 GPUs for 100 s, 4 for 200 s, 1 since.
+    ledger = await usage.usage(seeded, half_life=1e9, now=500.0)
+    history = await usage.from_history(seeded, half_life=1e9, now=500.0)
+    assert ledger["alpha"]["H100-80GB"] == pytest.approx(history["alpha"]["H100-80GB"])
+    assert history["alpha"]["H100-80GB"] == pytest.approx(2 * 100 + 4 * 200 + 1 * 100 + 1 * 290, rel=1e-6)
+    assert last.state == "ACKED"

@@ -80,5 +80,6 @@ def test_the_activities_keep_the_names_the_histories_call_them_by() -> None:
         "revoke_allocation",
         "record_checkpoint",
         "latest_checkpoint",
+        "resize",
     }
     assert names(LaunchActivities) == {"launch", "stop"}
