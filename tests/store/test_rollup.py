@@ -19,9 +19,7 @@ async def _started(db: Database, name: str, *, queued_at: float, started_at: flo
     """A job whose current attempt was queued and started at these times."""
     job = await queued_job(db, name)
     async with db.transaction() as session:
-        await session.execute(
-            update(Job).where(col(Job.id) == job.id).values(state="RUNNING", queued_at=queued_at, started_at=started_at)
-        )
+        await session.execute(update(Job).where(col(Job.id) == job.id).values(state="RUNNING", queued_at=queued_at, started_at=started_at))
     return job
 
 
