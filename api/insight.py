@@ -220,7 +220,7 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
             .where(col(HealthEvent.kind).in_(ADMIN_KINDS))
             .order_by(col(HealthEvent.id))
         )
-        last_admin = dict((await session.execute(admin)).all())
+        last_admin: dict[str, str] = {node_id: kind for node_id, kind in (await session.execute(admin)).all()}
         gpu_rows = select(col(Gpu.node_id), col(Gpu.index), col(Gpu.healthy), col(Gpu.health)).order_by(col(Gpu.node_id), col(Gpu.index))
         gpus_by_node: dict[str, list[_GpuRow]] = {}
         for node_id, index, healthy, health in (await session.execute(gpu_rows)).all():

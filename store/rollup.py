@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import case, delete, func, select
+from sqlalchemy import CursorResult, case, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col
 
@@ -124,7 +124,7 @@ async def record_rollup(db: Database, *, now: float, span_s: float = BUCKET_S, r
         }
         dialect = postgresql if not db.sqlite else sqlite
         insert = dialect.insert(FleetRollup).values(**values).on_conflict_do_nothing(index_elements=["bucket"])
-        written = (await session.execute(insert)).rowcount == 1
+        written = cast(CursorResult[Any], await session.execute(insert)).rowcount == 1
         await session.execute(delete(FleetRollup).where(col(FleetRollup.bucket) < now - retention_s))
     return written
 

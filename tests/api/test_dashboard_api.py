@@ -78,3 +78,12 @@ async def test_the_fleet_lists_each_nodes_jobs_and_whether_it_drains(api: httpx.
     assert (fleet["h1"]["state"], fleet["h1"]["draining"]) == ("CORDONED", True)
     # Cordoned, not drained: its jobs stay, it is not draining.
     assert (fleet["h2"]["state"], fleet["h2"]["draining"]) == ("CORDONED", False)
+
+
+async def test_the_dashboard_is_served_with_the_temporal_address_and_polls_without_overlapping(api: httpx.AsyncClient) -> None:
+    resp = await api.get("/dashboard")
+    assert resp.status_code == 200 and "__TEMPORAL_WORKFLOWS_URL__" not in resp.text
+    assert 'name="fairgang-temporal-workflows" content="http' in resp.text
+    # An interval fires whether or not the previous refresh has answered: each refresh is scheduled when the last ended.
+    assert "setInterval" not in resp.text
+    assert "setTimeout(() => poll(mine), REFRESH_MS)" in resp.text
