@@ -3,7 +3,7 @@ the API (SPEC R7), and its actions reach the API with the page's token.
 
 Chromium is the system's (``shutil.which("chromium")``), never a browser Playwright downloads; without it the tests
 are skipped, saying why. Each test saves screenshots under ``$FAIRGANG_TEST_ARTEFACTS/dashboard`` (by default
-``artefacts/dashboard`` under pytest's base temporary directory; the path is printed).
+``test-artefacts/dashboard`` in the repository, ignored by git; the path is printed).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import TERMINAL, Platform, job_spec
+from tests.e2e.conftest import REPO, TERMINAL, Platform, job_spec
 
 pytest.importorskip("playwright", reason="playwright is not installed (pip install -e '.[dev]')")
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -55,9 +55,10 @@ def get(platform: Platform, path: str, token: str = "admin-token", **params: Any
 
 
 @pytest.fixture(scope="module")
-def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = os.environ.get("FAIRGANG_TEST_ARTEFACTS")
-    folder = (Path(root) if root else tmp_path_factory.getbasetemp() / "artefacts") / "dashboard"
+def artefacts() -> Path:
+    # Not under pytest's base temporary directory: pytest keeps only the latest three of those, and other runs
+    # on the machine would delete the screenshots before anyone looked at them.
+    folder = Path(os.environ.get("FAIRGANG_TEST_ARTEFACTS") or REPO / "test-artefacts") / "dashboard"
     folder.mkdir(parents=True, exist_ok=True)
     print(f"dashboard screenshots in {folder}", file=sys.stderr)
     return folder
