@@ -137,6 +137,11 @@ def test_the_token_prompt_shows_when_no_token_is_given(dash: Platform, browser: 
     expect(page.locator("#view-overview")).to_be_hidden()
     expect(page.locator("#status")).to_have_text("enter an API token")
     page.screenshot(path=artefacts / "token-prompt.png", full_page=True)
+    # A token the API refuses: it says so and asks again.
+    page.fill("#prompt-token", "not-a-token")
+    page.locator("#prompt-form button").click()
+    expect(page.locator("#status")).to_contain_text("401 unknown token")
+    expect(prompt).to_be_visible()
     page.fill("#prompt-token", "alpha-token")
     page.locator("#prompt-form button").click()
     loaded(page)
