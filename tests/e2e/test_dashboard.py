@@ -159,6 +159,16 @@ def test_the_overview_and_its_charts_match_the_api(dash: Platform, browser: Brow
     expect(page.locator("#view-overview")).to_be_visible()
     assert "token=" not in page.url  # the token leaves the address bar
     fleet, queue, tenants = get(dash, "/v1/fleet"), get(dash, "/v1/queue"), get(dash, "/v1/tenants")
+    # What the charts drew, read at once (the page refreshes every 5 s), then the rows the API has from then on.
+    charts = page.evaluate(
+        """() => ({
+          samples: Number(document.querySelector('#chart-utilisation').dataset.samples),
+          utilisation: document.querySelector('#chart-utilisation').dataset.latest,
+          queue: document.querySelector('#chart-queue').dataset.latest,
+          queue_points: Number(document.querySelector('#chart-queue path[data-series="queued jobs"]').dataset.points),
+          p99_paths: document.querySelectorAll('#chart-waits path[data-series="p99"]').length,
+        })"""
+    )
     after = get(dash, "/v1/rollup")["rows"]
 
     for gpu_type, totals in fleet["gpu_types"].items():
@@ -196,14 +206,13 @@ def test_the_overview_and_its_charts_match_the_api(dash: Platform, browser: Brow
             assert 0 < shown_at <= float(http.get(f"/v1/{view}").headers["X-Computed-At"]) <= time.time()
 
     # The charts drew the rollup rows the API had when the page read them: a prefix of those it has now.
-    samples = int(page.locator("#chart-utilisation").get_attribute("data-samples") or 0)
+    samples = charts["samples"]
     assert len(before) <= samples <= len(after) and samples >= 3
     drawn = after[:samples]
-    assert page.locator("#chart-utilisation").get_attribute("data-latest") == f"{drawn[-1]['utilisation_pct']:.1f}%"
-    assert page.locator("#chart-queue").get_attribute("data-latest") == str(drawn[-1]["queue_length"])
-    assert int(page.locator('#chart-queue path[data-series="queued jobs"]').get_attribute("data-points") or 0) == samples
-    waits = [r for r in drawn if r["wait_p50_s"] is not None]
-    assert page.locator('#chart-waits path[data-series="p99"]').count() == (1 if waits else 0)
+    assert charts["utilisation"] == f"{drawn[-1]['utilisation_pct']:.1f}%"
+    assert charts["queue"] == str(drawn[-1]["queue_length"])
+    assert charts["queue_points"] == samples
+    assert charts["p99_paths"] == (1 if any(r["wait_p99_s"] is not None for r in drawn) else 0)
     assert any(r["utilisation_pct"] >= 80.0 for r in drawn)  # 16 of the 20 GPUs held by the big job
     page.screenshot(path=artefacts / "overview.png", full_page=True)
     page.close()
