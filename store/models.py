@@ -76,6 +76,8 @@ class Job(SQLModel, table=True):
         UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
         Index("ix_job_state", "state"),
         Index("ix_job_tenant_state", "tenant", "state"),
+        #: The fleet rollup reads the jobs that started in a minute (store/rollup.py).
+        Index("ix_job_started_at", "started_at"),
         Index(
             "ix_job_without_workflow",
             "created_at",

@@ -1,8 +1,9 @@
 """fleet rollup: one sample of the fleet per minute for the dashboard's charts
 
 ``fleet_rollup`` holds, per time bucket, the GPUs in the fleet, allocated and unhealthy, the queue's length
-and the waits of the jobs that started in the bucket before. The placement service's leader writes it; the
-bucket is the primary key, so a bucket is written once.
+and the waits of the jobs that started in the bucket before (read through the new index on
+``job.started_at``). The placement service's leader writes it; the bucket is the primary key, so a bucket
+is written once.
 
 Revision ID: 0013
 Revises: 0012
@@ -34,7 +35,9 @@ def upgrade() -> None:
         sa.Column("wait_p90_s", sa.Float(), nullable=True),
         sa.Column("wait_p99_s", sa.Float(), nullable=True),
     )
+    op.create_index("ix_job_started_at", "job", ["started_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_job_started_at", table_name="job")
     op.drop_table("fleet_rollup")
