@@ -1,11 +1,12 @@
-"""GET /dashboard: a web page over the JSON API (fleet, queue, tenants, preemptions, health events), nothing to build.
+"""GET /dashboard: a web page over the JSON API, nothing to build.
 
-The page (``api/static/dashboard.html``) is static HTML and vanilla JavaScript; it reads the
-same endpoints as the CLI with a bearer token from the URL fragment (``/dashboard#token=...``,
-never sent to the server) or a field, kept in the tab's sessionStorage. The page itself holds no
-data, so it is served without authentication; the only value filled in here is the Temporal UI's
-address for the links to each job's workflow.
-"""
+The page (``api/static/dashboard.html``) is static HTML and vanilla JavaScript with views routed on its URL
+fragment: the overview (24-hour charts from ``/v1/rollup``, fleet, queue, tenants, preemptions, health events),
+the nodes, the jobs list and one job, with confirmed actions (cancel, preempt; for admins cordon, drain, return a
+GPU). It reads the same endpoints as the CLI with a bearer token from the URL fragment (``/dashboard#token=...``,
+never sent to the server) or a field, kept in the tab's sessionStorage. The page itself holds no data, so it is
+served without authentication; the only value filled in here is the Temporal UI's address for the links to each
+job's workflow."""
 
 from __future__ import annotations
 

@@ -1,16 +1,18 @@
-"""/v1/fleet and the node agents' endpoints (/v1/nodes/...)."""
+"""/v1/fleet, /v1/rollup and the node agents' endpoints (/v1/nodes/...)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
 from api import health
-from api.deps import Caller, State, require_admin, require_node
+from api.deps import Caller, State, require_admin, require_node, require_user
+from api.jobs import parse_time
 from api.schemas import CheckpointRecorded, CheckpointReportIn, NodeAnswer, NodeCredential, NodeEnrolment, NodeHeartbeat, NodeRegistration
-from store import jobs, nodes
+from store import jobs, nodes, rollup
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -24,6 +26,25 @@ async def fleet(state: State, who: Caller) -> Any:
     del who  # any authenticated caller may see the fleet
     view = await state.views.get("fleet", state.db)
     return Response(view.body, media_type="application/json", headers=view.headers())
+
+
+@router.get("/rollup")
+async def fleet_rollup(
+    state: State,
+    who: Caller,
+    since: str | None = Query(default=None, description="from this bucket on: epoch seconds or ISO 8601 (default: 24 hours before until)"),
+    until: str | None = Query(default=None, description="buckets before this: epoch seconds or ISO 8601 (default: now)"),
+) -> dict[str, Any]:
+    """The fleet rollup, oldest bucket first: per bucket (a minute by default) the GPUs in the fleet, allocated (and
+    the utilisation in percent) and unhealthy, the queue's length, and the wait percentiles of the jobs that started
+    in the bucket before. Written by the placement service's leader (``store.rollup``)."""
+    require_user(who)
+    end = parse_time(until, "until") if until is not None else time.time()
+    start = parse_time(since, "since") if since is not None else end - 86400
+    if end <= start:
+        raise HTTPException(422, "until: must be after since")
+    rows = await rollup.rollup_rows(state.db, since=start, until=end)
+    return {"since": start, "until": end, "bucket_s": state.settings.rollup_bucket_s, "rows": [r.as_dict() for r in rows]}
 
 
 @router.post("/nodes", response_model=NodeCredential, status_code=201)

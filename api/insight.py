@@ -29,7 +29,7 @@ from scheduler.snapshot import SnapshotReader, build_snapshot
 from simulator.estimate import queue_estimates
 from store import jobs, observability
 from store.db import Database
-from store.models import AllocationGpu, Gpu, Node
+from store.models import Allocation, AllocationGpu, Gpu, HealthEvent, Node
 
 #: How many of a (tenant, job name)'s latest successful runs its expected run time is learned from.
 HISTORY_PER_KEY = 20
@@ -185,6 +185,10 @@ class _NodeRow(NamedTuple):
     last_heartbeat: float | None
 
 
+#: The health event kinds of an admin's change of a node's state.
+ADMIN_KINDS = ("cordon", "uncordon", "drain")
+
+
 def _blank() -> dict[str, int]:
     return {"total": 0, "used": 0, "free": 0, "unhealthy": 0, "nodes": 0, "whole_nodes_free": 0, "stranded": 0}
 
@@ -194,14 +198,29 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
 
     Fragmentation of a group of nodes: ``stranded`` free GPUs sit on partly used nodes (no whole-node
     gang can use them), ``whole_nodes_free`` nodes are entirely free, and ``fragmentation`` is
-    stranded / free (0: every free GPU is on a whole free node; 1: none is). Retired nodes are no part of
+    stranded / free (0: every free GPU is on a whole free node; 1: none is). Each node lists the jobs on it (and
+    each GPU the job holding it), and is ``draining`` while it is cordoned by a drain with jobs still on it. Retired nodes are no part of
     the fleet: only their ids are listed (``retired``). Read as plain columns (no ORM objects: thousands of
     GPU rows).
     """
     now = time.time() if now is None else now
     async with db.sessions() as session:
-        held = select(col(AllocationGpu.node_id), col(AllocationGpu.gpu_index), col(AllocationGpu.allocation_id)).where(_LIVE)
-        used: dict[tuple[str, int], str] = {(n, i): a for n, i, a in (await session.execute(held)).all()}
+        held = (
+            select(col(AllocationGpu.node_id), col(AllocationGpu.gpu_index), col(AllocationGpu.allocation_id), col(Allocation.job_id))
+            .join(Allocation, col(Allocation.id) == col(AllocationGpu.allocation_id))
+            .where(_LIVE)
+        )
+        used: dict[tuple[str, int], str] = {}
+        job_on: dict[tuple[str, int], str] = {}
+        for n, i, a, j in (await session.execute(held)).all():
+            used[(n, i)], job_on[(n, i)] = a, j
+        # The latest of each node's admin state changes: a cordoned node whose latest was a drain is draining.
+        admin = (
+            select(col(HealthEvent.node_id), col(HealthEvent.kind))
+            .where(col(HealthEvent.kind).in_(ADMIN_KINDS))
+            .order_by(col(HealthEvent.id))
+        )
+        last_admin: dict[str, str] = {node_id: kind for node_id, kind in (await session.execute(admin)).all()}
         gpu_rows = select(col(Gpu.node_id), col(Gpu.index), col(Gpu.healthy), col(Gpu.health)).order_by(col(Gpu.node_id), col(Gpu.index))
         gpus_by_node: dict[str, list[_GpuRow]] = {}
         for node_id, index, healthy, health in (await session.execute(gpu_rows)).all():
@@ -236,8 +255,12 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
                 "last_heartbeat": node.last_heartbeat,
                 "gpus": {"used": n_used, "free": n_free, "unhealthy": n_unhealthy},
                 "utilization_pct": round(sum(utilisation) / len(utilisation), 1) if utilisation else None,
+                "draining": node.state == "CORDONED" and last_admin.get(node.id) == "drain" and n_used > 0,
                 "allocations": sorted({used[(node.id, g.number)] for g in gpus if (node.id, g.number) in used}),
-                "gpu_health": [{"index": g.number, "healthy": g.healthy, **g.health} for g in gpus],
+                "jobs": sorted({job_on[(node.id, g.number)] for g in gpus if (node.id, g.number) in job_on}),
+                "gpu_health": [
+                    {"index": g.number, "healthy": g.healthy, **g.health, "job_id": job_on.get((node.id, g.number))} for g in gpus
+                ],
             }
         )
         groups = [totals.setdefault(node.gpu_type, _blank())]

@@ -100,6 +100,7 @@ async def list_jobs(
     label: list[str] = Query(default=[], description="key=value; repeat for several (a job must carry all)"),
     since: str | None = Query(default=None, description="submitted at or after: epoch seconds or ISO 8601 (UTC unless it says)"),
     until: str | None = Query(default=None, description="submitted before: epoch seconds or ISO 8601"),
+    search: str | None = Query(default=None, max_length=64, description="a job id, or a part of the job's name (any case)"),
     cursor: str | None = Query(default=None, description="the X-Next-Cursor of the page before"),
     limit: int = Query(default=200, ge=1, le=5000),
 ) -> list[JobPublic]:
@@ -120,7 +121,9 @@ async def list_jobs(
         labels[key] = value
     window = {name: parse_time(value, name) for name, value in (("since", since), ("until", until)) if value is not None}
     after = decode_cursor(cursor) if cursor is not None else None
-    rows = await stored_jobs.list_jobs(state.db, tenant=tenant, state=job_state, limit=limit + 1, labels=labels, after=after, **window)
+    rows = await stored_jobs.list_jobs(
+        state.db, tenant=tenant, state=job_state, limit=limit + 1, labels=labels, search=search or None, after=after, **window
+    )
     if len(rows) > limit:
         rows = rows[:limit]
         next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id)

@@ -8,6 +8,7 @@ stored only as a digest. Nodes' credentials come from their enrolment (``POST /v
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
@@ -22,6 +23,12 @@ router = APIRouter(prefix="/v1", tags=["tokens"])
 def _require_token_admin(who: Principal) -> None:
     if who.role not in (ADMIN, TENANT_ADMIN):
         raise HTTPException(403, "tokens are managed by a platform admin or the tenant's admin")
+
+
+@router.get("/whoami")
+async def whoami(who: Caller) -> dict[str, Any]:
+    """The caller as the API sees its token: its role, its tenant (none for a platform admin) and whether it is an admin."""
+    return {"name": who.name, "role": who.role, "tenant": who.tenant, "admin": who.admin}
 
 
 @router.post("/tokens", status_code=201)

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     scheduler_poll_s: float = 0.1
     #: Re-signal a binding its workflow has not acknowledged after this long.
     scheduler_resignal_after_s: float = 5.0
+    #: The placement service's leader writes one fleet rollup row (the dashboard's charts) per bucket of this many
+    #: seconds, and prunes rows older than the retention.
+    rollup_bucket_s: float = Field(default=60.0, gt=0)
+    rollup_retention_s: float = Field(default=8 * 86400.0, gt=0)
     #: Nodes mount checkpoint storage here; a spec's checkpoint_dir is taken relative to it. None: as written.
     checkpoint_root: Path | None = None
     #: Node-local directory where an agent remembers the processes it started.

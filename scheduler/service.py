@@ -4,7 +4,8 @@ Each cycle: 1. hold the leader lease, 2. snapshot the store, 3. the core (``Sche
 4. commit the bindings in one transaction fenced by the lease epoch, 5. signal each
 bound job's workflow (only after the commit: invariant 3), then the preemptions and the
 elastic jobs' resizes, 6. reconcile (re-signal unacknowledged bindings, start workflows the
-API failed to start).
+API failed to start), 7. once per rollup bucket, write the fleet rollup row (``store.rollup``:
+the dashboard's charts), as the one leader.
 
 A resize is committed by the job's workflow once its members have stopped (the store replaces its
 allocation). Until then the service keeps it in flight: it asks once, and the GPUs a growth will take
@@ -35,7 +36,7 @@ from fairgang.settings import Settings
 from scheduler.core import Decisions, NodeView, Preempt, Reservation, Resize, Scheduler, SchedulerConfig, Snapshot
 from scheduler.snapshot import SnapshotReader, build_snapshot
 from store import jobs as stored_jobs
-from store import nodes, placement
+from store import nodes, placement, rollup
 from store.db import NOTIFY_CHANNEL, Database
 from workflows import starter
 from workflows.messages import ResizeRequest
@@ -140,6 +141,8 @@ class PlacementService:
         self.scheduler = Scheduler()
         #: The store's reader, kept across cycles: it reads each job's and allocation's fixed parts once.
         self.reader = SnapshotReader()
+        #: The last rollup bucket this service wrote, or found written.
+        self.rolled_bucket: int | None = None
 
     async def cycle(self, now: float | None = None) -> CycleReport:
         """One scheduling cycle (see the module docstring for its phases), timed into ``fairgang_scheduling_cycle_seconds``."""
@@ -197,7 +200,21 @@ class PlacementService:
         await self._signal(stale, now)
         report.resignalled = len(stale)
         report.started_workflows = await self._start_missing_workflows(now)
+        # 7. The fleet rollup.
+        await self._rollup(now)
         return report
+
+    async def _rollup(self, now: float) -> None:
+        """Write this bucket's fleet rollup row, once per bucket (a row written already is left as it is)."""
+        bucket = rollup.bucket_of(now, self.settings.rollup_bucket_s)
+        if bucket == self.rolled_bucket:
+            return
+        try:
+            await rollup.record_rollup(self.db, now=now, span_s=self.settings.rollup_bucket_s, retention_s=self.settings.rollup_retention_s)
+        except Exception as err:  # noqa: BLE001 - a missed sample is a gap in a chart, not a reason to stop placing
+            log.warning("fleet rollup not written: %s", err)
+            return
+        self.rolled_bucket = bucket
 
     async def _preempt(self, preemptions: Sequence[Preempt], running: set[str]) -> int:
         self.preempting = {key for key in self.preempting if key[0] in running}

@@ -118,11 +118,12 @@ async def list_jobs(
     labels: dict[str, str] | None = None,
     since: float | None = None,
     until: float | None = None,
+    search: str | None = None,
     after: tuple[float, str] | None = None,
 ) -> Sequence[Job]:
     """Jobs, newest submission first (then by id): of ``tenant``, in ``state``, carrying every one of ``labels``,
-    submitted in [``since``, ``until``), and (a page after another) after ``after``, the (created_at, id) of the
-    last job of the page before."""
+    submitted in [``since``, ``until``), whose id is ``search`` or whose name holds it (any case), and (a page
+    after another) after ``after``, the (created_at, id) of the last job of the page before."""
     query = select(Job).order_by(col(Job.created_at).desc(), col(Job.id)).limit(limit)
     if tenant is not None:
         query = query.where(col(Job.tenant) == tenant)
@@ -134,6 +135,8 @@ async def list_jobs(
         query = query.where(col(Job.created_at) >= since)
     if until is not None:
         query = query.where(col(Job.created_at) < until)
+    if search is not None:
+        query = query.where((col(Job.id) == search) | col(Job.name).icontains(search, autoescape=True))
     if after is not None:
         created, job_id = after
         query = query.where((col(Job.created_at) < created) | ((col(Job.created_at) == created) & (col(Job.id) > job_id)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Column, Float, Index, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, Column, Float, Index, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 
@@ -78,6 +78,8 @@ class Job(SQLModel, table=True):
         UniqueConstraint("tenant", "idempotency_key", name="uq_job_tenant_idempotency_key"),
         Index("ix_job_state", "state"),
         Index("ix_job_tenant_state", "tenant", "state"),
+        #: The fleet rollup reads the jobs that started in a minute (store/rollup.py).
+        Index("ix_job_started_at", "started_at"),
         Index(
             "ix_job_without_workflow",
             "created_at",
@@ -308,3 +310,32 @@ class AuditEvent(SQLModel, table=True):
     target: str = Field(max_length=128)
     before: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     after: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class FleetRollup(SQLModel, table=True):
+    """One sample of the fleet per time bucket (a minute by default), kept for the dashboard's 24-hour charts.
+
+    Written by the placement service's leader; the bucket is the primary key, so a second write for the same
+    bucket (a new leader in the same minute) changes nothing. Pruned past a retention (store/rollup.py).
+    """
+
+    __tablename__ = "fleet_rollup"
+
+    #: The bucket's start (UNIX seconds, a multiple of ``span_s``).
+    bucket: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    #: The bucket's length in seconds.
+    span_s: float
+    #: When the sample was taken (within the bucket).
+    at: float
+    #: GPUs of the nodes in the fleet (retired nodes aside), those held by live allocations, and those unhealthy.
+    gpus_total: int
+    gpus_allocated: int
+    gpus_unhealthy: int
+    #: Jobs in state QUEUED when the sample was taken.
+    queue_length: int
+    #: Jobs whose current attempt started in the bucket before this one, [bucket - span_s, bucket), and the
+    #: percentiles (nearest rank) of how long those attempts waited in the queue; None when none started.
+    jobs_started: int
+    wait_p50_s: float | None = None
+    wait_p90_s: float | None = None
+    wait_p99_s: float | None = None

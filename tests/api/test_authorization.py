@@ -54,6 +54,8 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/dashboard"): EVERYONE,
     ("GET", "/v1/health/events"): AUTHENTICATED,
     ("GET", "/v1/fleet"): AUTHENTICATED,
+    ("GET", "/v1/rollup"): USERS,
+    ("GET", "/v1/whoami"): AUTHENTICATED,
     ("POST", "/v1/jobs"): USERS,
     ("GET", "/v1/jobs"): USERS,
     ("GET", "/v1/usage"): USERS,

@@ -21,7 +21,7 @@ from fairgang.spec import JobState
 from scheduler import service as service_module
 from scheduler.service import LEASE_NAME, PlacementService
 from store import jobs as stored_jobs
-from store import nodes, placement
+from store import nodes, placement, rollup
 from store.db import Database
 from store.models import Job, SchedulerLease
 from tests.builders import job_spec
@@ -354,3 +354,21 @@ async def test_a_leader_that_stops_hands_the_lease_over_at_once(seeded: Database
     report = await standby.cycle()
     assert report.leader
     assert not await placement.release_lease(seeded, name=LEASE_NAME, holder="leader")  # no longer its to give
+
+
+async def test_the_leader_writes_one_rollup_row_per_bucket_and_a_follower_none(
+    seeded: Database, db_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    await _register_all(seeded)
+    settings = Settings(database_url=db_url, node_stale_after_s=3600, rollup_bucket_s=60)
+    leader = PlacementService(settings, seeded, temporal_env.client, holder="leader")
+    follower = PlacementService(settings, seeded, temporal_env.client, holder="follower")
+    bucket = rollup.bucket_of(time.time(), 60) + 120  # a bucket of its own, ahead of the clock
+    assert (await leader.cycle(now=bucket + 1)).leader
+    assert not (await follower.cycle(now=bucket + 2)).leader
+    assert (await leader.cycle(now=bucket + 3)).leader
+    [row] = await rollup.rollup_rows(seeded, since=bucket, until=bucket + 60)
+    assert (row.at, row.gpus_total, row.gpus_allocated) == (bucket + 1, 20, 0)
+    assert follower.rolled_bucket is None
+    assert (await leader.cycle(now=bucket + 61)).leader
+    assert [r.at for r in await rollup.rollup_rows(seeded, since=bucket, until=bucket + 120)] == [bucket + 1, bucket + 61]

@@ -8,7 +8,7 @@
 - ``node.freed_at``: when GPUs of the node were last released (elastic jobs grow only onto GPUs idle a while).
 
 Revision ID: 0015
-Revises: 0012
+Revises: 0013
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
