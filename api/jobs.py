@@ -20,6 +20,7 @@ from fairgang.settings import Settings, log_path
 from fairgang.spec import JobState, SpecError, SpecProblem, parse_spec
 from store import auth, observability, tenants
 from store import jobs as stored_jobs
+from store.common import LIVE_ALLOCATION_STATES, REVOKED
 from store.models import Job
 from workflows import starter
 
@@ -179,6 +180,9 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
         temporal_url=temporal_url(state.settings, job.id),
         queue_position=position,
         estimated_start=estimated,
+        gpus_now=sum(len(m["gpu_indices"]) for m in current.members)
+        if current and current.state in (*LIVE_ALLOCATION_STATES, REVOKED)
+        else None,
     )
 
 

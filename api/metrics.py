@@ -161,15 +161,22 @@ async def collect(
     # Preemptions and requeues (counts of the event log), and health events.
     preemptions = CounterMetricFamily("fairgang_preemptions", "Preemptions by reason.", labels=["reason"])
     requeues = CounterMetricFamily("fairgang_requeues", "Attempts sent back to the queue, by reason.", labels=["reason"])
+    resizes = CounterMetricFamily(
+        "fairgang_resizes", "Elastic jobs' resizes committed, by direction and reason.", labels=["direction", "reason"]
+    )
     counted: dict[str, dict[str, int]] = {"PREEMPTING": {}, "REQUEUED": {}}
-    for kind, head, n in await observability.event_message_heads(db, ["PREEMPTING", "REQUEUED"]):
+    for kind, head, n in await observability.event_message_heads(db, ["PREEMPTING", "REQUEUED", "RESIZED"]):
+        if kind == "RESIZED":
+            direction, _, why = head.partition(" (")
+            resizes.add_metric([direction, why.rstrip(")")], n)
+            continue
         reason = preemption_reason(head) if kind == "PREEMPTING" else requeue_reason(head)
         counted[kind][reason] = counted[kind].get(reason, 0) + n
     for reason in sorted(set(PREEMPT_REASONS) | {"manual"} | set(counted["PREEMPTING"])):
         preemptions.add_metric([reason], counted["PREEMPTING"].get(reason, 0))
     for reason in sorted(set(PREEMPT_REASONS) | {"manual", "retry", "infrastructure"} | set(counted["REQUEUED"])):
         requeues.add_metric([reason], counted["REQUEUED"].get(reason, 0))
-    out += [preemptions, requeues]
+    out += [preemptions, requeues, resizes]
     out += list(await _health_events(db))
     return out
 

@@ -52,7 +52,10 @@ class JobPublic(BaseModel):
     state: str
     attempt: int
     gpu_type: str
+    #: GPUs it asks for: an elastic job's minimum (what it starts with and is entitled to).
     gpu_count: int
+    #: An elastic job's most GPUs (None: a fixed job).
+    gpu_max: int | None = None
     priority: int
     pending_reason: str | None
     #: The scheduler's code for ``pending_reason`` (scheduler.core.Pending, e.g. "no_free_node"); None for other texts.
@@ -77,6 +80,7 @@ class JobPublic(BaseModel):
             attempt=j.attempt,
             gpu_type=j.gpu_type,
             gpu_count=j.gpu_count,
+            gpu_max=j.gpu_max,
             priority=j.priority,
             pending_reason=j.pending_reason,
             pending_code=j.pending_code,
@@ -100,6 +104,8 @@ class JobDetail(JobPublic):
     #: While QUEUED: the job's place in the scheduler's order (1 = next) and its predicted start (SPEC R7.2).
     queue_position: int | None = None
     estimated_start: float | None = None
+    #: GPUs its live allocation holds now (an elastic job's current size); None while it holds none.
+    gpus_now: int | None = None
 
 
 class JobUpdate(BaseModel):

@@ -32,13 +32,20 @@ def _jobs_table(rows: list[dict[str, Any]], wide: bool = False) -> Table:
     table = Table(*columns, *(["STARTED", "ENDED", "LABELS", "CHECKPOINT"] if wide else []))
     for r in rows:
         why = r.get("pending_reason") or r.get("end_reason") or ""
-        cells = [r["id"], r["tenant"], r["name"], r["state"], f"{r['gpu_count']}x{r['gpu_type']}", str(r["attempt"]),
+        cells = [r["id"], r["tenant"], r["name"], r["state"], gpus_cell(r), str(r["attempt"]),
                  "" if r.get("exit_code") is None else str(r["exit_code"]), _ts(r["created_at"]), why]  # fmt: skip
         if wide:
             labels = ",".join(f"{k}={v}" for k, v in sorted((r.get("spec", {}).get("labels") or {}).items()))
             cells += [_date_time(r.get("started_at")), _date_time(r.get("finished_at")), labels, r.get("latest_checkpoint") or ""]
         table.add_row(*cells)
     return table
+
+
+def gpus_cell(job: dict[str, Any]) -> str:
+    """ "8xH100" for a fixed job; an elastic one's range, and its size now when known: "16 of 8-32xH100"."""
+    count = str(job["gpu_count"]) if not job.get("gpu_max") else f"{job['gpu_count']}-{job['gpu_max']}"
+    now = job.get("gpus_now")
+    return f"{now} of {count}x{job['gpu_type']}" if job.get("gpu_max") and now is not None else f"{count}x{job['gpu_type']}"
 
 
 def print_jobs(rows: list[dict[str, Any]], wide: bool = False) -> None:

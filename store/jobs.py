@@ -152,7 +152,7 @@ async def job_events(db: Database, job_id: str) -> Sequence[JobEvent]:
 
 async def job_allocations(db: Database, job_id: str) -> Sequence[Allocation]:
     async with db.sessions() as session:
-        query = select(Allocation).where(col(Allocation.job_id) == job_id).order_by(col(Allocation.attempt))
+        query = select(Allocation).where(col(Allocation.job_id) == job_id).order_by(col(Allocation.attempt), col(Allocation.created_at))
         return (await session.execute(query)).scalars().all()
 
 

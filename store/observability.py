@@ -55,15 +55,16 @@ def _before_colon(db: Database, text_: Any) -> Any:
 async def event_message_heads(db: Database, kinds: Sequence[str]) -> list[tuple[str, str, int]]:
     """(kind, head, count) of the job events of these kinds, counted in SQL.
 
-    The head is the part of the message that names its reason: for PREEMPTING the text before the
-    first ``:``; for other kinds ``"preempted: "`` and the text up to the next ``:`` after it, else
-    ``"job failed"``, else ``""``. ``api.metrics.preemption_reason`` and ``requeue_reason`` give the
-    same answer for the head as for the whole message.
+    The head is the part of the message that names its reason: for PREEMPTING and RESIZED the text
+    before the first ``:`` (a resize's direction and reason: ``grow (idle)``); for other kinds
+    ``"preempted: "`` and the text up to the next ``:`` after it, else ``"job failed"``, else ``""``.
+    ``api.metrics.preemption_reason`` and ``requeue_reason`` give the same answer for the head as for
+    the whole message.
     """
     message = col(JobEvent.message)
     prefix = "preempted: "
     head = case(
-        (col(JobEvent.kind) == "PREEMPTING", _before_colon(db, message)),
+        (col(JobEvent.kind).in_(("PREEMPTING", "RESIZED")), _before_colon(db, message)),
         (func.substr(message, 1, len(prefix)) == prefix, literal(prefix) + _before_colon(db, func.substr(message, len(prefix) + 1))),
         (func.substr(message, 1, len("job failed")) == "job failed", literal("job failed")),
         else_=literal(""),

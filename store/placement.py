@@ -349,7 +349,7 @@ async def resize_allocation(
                     job_id,
                     attempt,
                     "RESIZED",
-                    f"resized from {before} to {after} GPUs ({reason}): on {nodes}",
+                    f"{'grow' if after > before else 'shrink'} ({reason}): from {before} to {after} GPUs on {nodes}",
                     f"resized-{old.id}",
                     now,
                     allocation_id=new.id,

@@ -56,3 +56,12 @@ def test_help_shows_the_allowed_values_and_flags_without_a_value() -> None:
     jobs = helped("jobs")
     assert "QUEUED|HELD|PLACED|LAUNCHING|RUNNING|PREEMPTING|SUCCEEDED|FAILED|CANCELLED|TIMED_OUT" in jobs.replace(" ", "")
     assert "QUEUED|HELD" in helped("history").replace(" ", "")
+
+
+def test_an_elastic_jobs_gpus_show_its_range_and_its_size_now() -> None:
+    from cli.jobs import gpus_cell
+
+    fixed = {"gpu_count": 8, "gpu_max": None, "gpu_type": "H100"}
+    assert gpus_cell(fixed) == "8xH100"
+    assert gpus_cell({**fixed, "gpu_max": 32}) == "8-32xH100"
+    assert gpus_cell({**fixed, "gpu_max": 32, "gpus_now": 16}) == "16 of 8-32xH100"

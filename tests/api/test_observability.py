@@ -171,3 +171,25 @@ async def test_the_dashboard_is_served_with_the_temporal_ui_address(api: httpx.A
     assert 'content="http://127.0.0.1:8233/namespaces/default/workflows/"' in page.text
     for table in ("fleet-types", "fleet-domains", "queue", "tenants", "jobs", "preemptions", "health-events"):
         assert f'id="{table}"' in page.text
+
+
+async def test_an_elastic_jobs_size_range_and_resizes_are_shown(api: httpx.AsyncClient, seeded: Database) -> None:
+    await register(api, "h1", 0.0)
+    await register(api, "h2", 0.0)
+    job_id = await queue_job(api, seeded, ALPHA, name="elastic", gpu_count={"min": 8, "max": 16})
+    await bind(seeded, job_id, "h1", list(range(8)))
+    shown = (await api.get(f"/v1/jobs/{job_id}", headers=ALPHA)).json()
+    assert (shown["gpu_count"], shown["gpu_max"], shown["gpus_now"]) == (8, 16, 8)
+    [alloc] = await jobs.job_allocations(seeded, job_id)
+    grown = [PlacedMember(node_id="h1", gpu_indices=list(range(8)), rank=0), PlacedMember(node_id="h2", gpu_indices=list(range(8)), rank=1)]
+    new = await placement.resize_allocation(seeded, job_id=job_id, attempt=1, allocation_id=alloc.id, members=grown, reason="idle")
+    await placement.resize_allocation(seeded, job_id=job_id, attempt=1, allocation_id=new.id, members=grown[:1], reason="waiting_job")
+    shown = (await api.get(f"/v1/jobs/{job_id}", headers=ALPHA)).json()
+    assert shown["gpus_now"] == 8 and shown["allocation"]["id"] != new.id and len(shown["allocations"]) == 3
+    resized = [e for e in shown["events"] if e["kind"] == "RESIZED"]
+    assert [(e["data"]["from_gpus"], e["data"]["to_gpus"]) for e in resized] == [(8, 16), (16, 8)]
+    values = scrape((await api.get("/metrics")).text)
+    assert metric(values, "fairgang_resizes_total", direction="grow", reason="idle") == 1
+    assert metric(values, "fairgang_resizes_total", direction="shrink", reason="waiting_job") == 1
+    listed = (await api.get("/v1/jobs", headers=ALPHA)).json()
+    assert [(j["gpu_count"], j["gpu_max"]) for j in listed if j["id"] == job_id] == [(8, 16)]

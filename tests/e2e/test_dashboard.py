@@ -259,7 +259,11 @@ def test_the_nodes_view_matches_the_api_and_an_admin_cordons_a_node_and_returns_
 
 
 def test_the_jobs_list_matches_the_api_with_filters_search_and_paging(dash: Platform, browser: Browser, artefacts: Path) -> None:
-    quick = [dash.submit(job_spec(f"listed-{i}", "print('done')", gpu_type="L40S")) for i in range(9)]
+    # One of them elastic: the list shows its range.
+    quick = [
+        dash.submit(job_spec(f"listed-{i}", "print('done')", gpu_type="L40S", gpu_count={"min": 1, "max": 2} if i == 0 else 1))
+        for i in range(9)
+    ]
     for job in quick:
         dash.wait_for(job["id"], TERMINAL, timeout=180)
     page = open_page(browser, f"{dash.api_url}/dashboard#/jobs?token=admin-token")
@@ -278,6 +282,7 @@ def test_the_jobs_list_matches_the_api_with_filters_search_and_paging(dash: Plat
         form.locator('button[type="submit"]').click()
 
     every = get(dash, "/v1/jobs", limit=25)
+    assert any(j["gpu_max"] == 2 for j in every)
     expect(page.locator("#jobs-list")).to_have_attribute("data-rows", str(len(every)))
     assert shown_ids() == [j["id"] for j in every]
     for job in every:
@@ -288,6 +293,11 @@ def test_the_jobs_list_matches_the_api_with_filters_search_and_paging(dash: Plat
             iso(job["started_at"]),
             iso(job["finished_at"]),
         )
+        mul = "\N{MULTIPLICATION SIGN}"
+        gpus = f"{job['gpu_count']} {mul} {job['gpu_type']}"
+        if job["gpu_max"]:
+            gpus = f"{job['gpu_count']}\N{EN DASH}{job['gpu_max']} {mul} {job['gpu_type']} (elastic)"
+        assert shown["gpus"] == gpus
         if job["finished_at"] is not None and job["started_at"] is not None:
             hours = (job["finished_at"] - job["started_at"]) * job["gpu_count"] / 3600
             assert shown["gpu_hours"] == f"{hours:.3f}"
