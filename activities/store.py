@@ -7,7 +7,7 @@ from temporalio.exceptions import ApplicationError
 
 from fairgang.members import members_of
 from fairgang.spec import JobState
-from store import jobs, placement
+from store import jobs, nodes, placement
 from store.db import Database
 from workflows.messages import (
     CheckpointInput,
@@ -97,7 +97,9 @@ class StoreActivities:
             )
         except placement.ResizeRefused as err:
             return ResizeResult(allocation_id=inp.allocation_id, members=[], refused=str(err))
-        return ResizeResult(allocation_id=alloc.id, members=members_of(alloc.members))
+        members = members_of(alloc.members)
+        first = min(members, key=lambda m: m.rank).node_id
+        return ResizeResult(allocation_id=alloc.id, members=members, master_addr=await nodes.node_address(self.db, first) or "")
 
     def all(self) -> list[object]:
         return [

@@ -203,7 +203,8 @@ class DevPlatform:
             # readable through /proc), and no other part gets one.
             token_file = self.data_dir / "credentials" / f"{node.id}.token"
             write_token_file(token_file, node_credential(self.config.node_token, node.id))
-            self._spawn(f"agent-{node.id}", argv, {"FAIRGANG_NODE_TOKEN_FILE": str(token_file)})
+            # The simulated nodes all run on this host: their gangs meet on the loopback address.
+            self._spawn(f"agent-{node.id}", argv, {"FAIRGANG_NODE_TOKEN_FILE": str(token_file), "FAIRGANG_NODE_ADDRESS": "127.0.0.1"})
         say(f"api       {self.settings.api_url} (docs {self.settings.api_url}/docs)")
         say(f"dashboard {self.settings.api_url}/dashboard#token=<a tenant or admin token>")
         say(f"store     {normalise_database_url(self.settings.database_url)}")

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     launch_start_timeout_s: float = 60.0
     #: How often agents heartbeat to the API.
     node_heartbeat_interval_s: float = 2.0
+    #: The address other nodes reach this node's agent host at (a gang's rendezvous, ``MASTER_ADDR``, when its
+    #: rank 0 runs here); None: the host's name.
+    node_address: str | None = None
     #: A node silent this long gets no new work.
     node_stale_after_s: float = 15.0
     #: Placement service: cycle at least this often even without a wake-up.

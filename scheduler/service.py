@@ -294,8 +294,15 @@ class PlacementService:
     async def _signal(self, allocations: Sequence[Any], now: float) -> None:
         async def signal(alloc: Any) -> str | None:
             try:
+                members = members_of(alloc.members)
+                first = min(members, key=lambda m: m.rank).node_id if members else ""
                 await starter.signal_placement(
-                    self.client, job_id=alloc.job_id, allocation_id=alloc.id, attempt=alloc.attempt, members=members_of(alloc.members)
+                    self.client,
+                    job_id=alloc.job_id,
+                    allocation_id=alloc.id,
+                    attempt=alloc.attempt,
+                    members=members,
+                    master_addr=self.reader.addresses.get(first, ""),
                 )
                 return str(alloc.id)
             except Exception as err:  # noqa: BLE001 - the reconciler retries

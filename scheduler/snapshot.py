@@ -74,6 +74,8 @@ class SnapshotReader:
         self.pending_codes: dict[str, str | None] = {}
         #: Job id -> its live allocation's id, at the last read.
         self.allocation_ids: dict[str, str] = {}
+        #: Node id -> the address its agent registered (where a gang whose rank 0 runs there meets).
+        self.addresses: dict[str, str] = {}
 
     async def read(
         self,
@@ -138,7 +140,9 @@ class SnapshotReader:
         old = self._nodes
         self._nodes = {}
         for row in rows.nodes:
-            node_id, gpu_type, gpu_count, labels, state, last_heartbeat, freed_at, registered_at = row
+            node_id, gpu_type, gpu_count, labels, state, last_heartbeat, freed_at, registered_at, address = row
+            if address:
+                self.addresses[node_id] = address
             schedulable = node_schedulable(state, last_heartbeat, now, stale_after_s)
             # The healthy GPUs with a row, below the node's count, that no allocation holds.
             if node_id in indices:

@@ -273,13 +273,22 @@ async def mark_queued(db: Database, *, job_id: str, attempt: int, now: float | N
 
 
 async def set_latest_checkpoint(
-    db: Database, *, job_id: str, checkpoint: str, attempt: int | None = None, seq: int = 0, now: float | None = None
+    db: Database,
+    *,
+    job_id: str,
+    checkpoint: str,
+    attempt: int | None = None,
+    seq: int = 0,
+    generation: float = 0.0,
+    now: float | None = None,
 ) -> bool:
     """Record the job's newest checkpoint (idempotent per path); True if it is the job's latest checkpoint now.
 
-    Reports are ordered by attempt, then ``seq`` (the report's number within its attempt, 0 when its agent does not
-    number them; kept in the ``CHECKPOINT`` event's data, one event per numbered report): one older than the newest
-    recorded was reported before it and comes late (a write retried, or slower than the next one's), and is ignored.
+    Reports are ordered by attempt, then ``generation`` (when the allocation it came from was made: an elastic
+    job's resize makes a new one in the same attempt, whose launch numbers its reports from 1 again), then ``seq``
+    (the report's number within its launch, 0 when its agent does not number them); both are kept in the
+    ``CHECKPOINT`` event's data, one event per numbered report. One older than the newest recorded was reported
+    before it and comes late (a write retried, or slower than the next one's), and is ignored.
     """
     now = time.time() if now is None else now
     async with db.transaction() as session:
@@ -295,14 +304,18 @@ async def set_latest_checkpoint(
                 .limit(1)
             )
         ).first()
-        if newest is not None and (attempt, seq) < (newest[0], int(newest[1].get("seq", 0))):
+        if newest is not None and (attempt, generation, seq) < (
+            newest[0],
+            float(newest[1].get("generation", 0.0)),
+            int(newest[1].get("seq", 0)),
+        ):
             return False
         if job.latest_checkpoint == checkpoint:
             return True
         job.latest_checkpoint, job.latest_checkpoint_at = checkpoint, now
         # A numbered report is an event of its own (a job that reuses checkpoint names reports a path again).
-        key = (f"checkpoint:{attempt}:{seq}:{checkpoint}" if seq else f"checkpoint:{checkpoint}")[:160]
-        await add_event_once(session, new_event(job_id, attempt, "CHECKPOINT", checkpoint, key, now, seq=seq))
+        key = (f"checkpoint:{attempt}:{generation:.6f}:{seq}:{checkpoint}" if seq else f"checkpoint:{checkpoint}")[:160]
+        await add_event_once(session, new_event(job_id, attempt, "CHECKPOINT", checkpoint, key, now, seq=seq, generation=generation))
         return True
 
 
@@ -415,7 +428,9 @@ async def report_checkpoint(db: Database, *, node_id: str, allocation_id: str, p
         raise LookupError(f"allocation {allocation_id} does not exist")
     if not any(m["rank"] == 0 and m["node_id"] == node_id for m in alloc.members):
         raise NotOnThisNode(f"rank 0 of allocation {allocation_id} does not run on node {node_id}")
-    return await set_latest_checkpoint(db, job_id=alloc.job_id, checkpoint=path, attempt=alloc.attempt, seq=seq, now=now)
+    return await set_latest_checkpoint(
+        db, job_id=alloc.job_id, checkpoint=path, attempt=alloc.attempt, seq=seq, generation=alloc.created_at, now=now
+    )
 
 
 async def latest_checkpoint(db: Database, job_id: str) -> str:

@@ -384,3 +384,10 @@ async def node_jobs(db: Database, node_id: str) -> list[tuple[str, int]]:
             .distinct()
         )
         return sorted((j, a) for j, a in (await session.execute(query)).all())
+
+
+async def node_address(db: Database, node_id: str) -> str | None:
+    """The address the node's agent registered (where a gang whose rank 0 runs there meets), or None."""
+    async with db.sessions() as session:
+        node = await session.get(Node, node_id)
+        return node.address if node is not None else None

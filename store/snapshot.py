@@ -54,6 +54,7 @@ NODE_COLUMNS = (
     col(Node.last_heartbeat),
     col(Node.freed_at),
     col(Node.registered_at),
+    col(Node.address),
 )
 QUEUED_COLUMNS = (
     col(Job.id),

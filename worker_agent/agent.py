@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Coroutine
@@ -98,6 +99,8 @@ class NodeAgent:
                 settings.node_heartbeat_interval_s,
             )
         self.registered = False
+        #: Where the other members of a gang whose rank 0 runs here reach it.
+        self.address = settings.node_address or socket.gethostname()
         self.last_contact = time.monotonic()
         self._background: set[asyncio.Task[object]] = set()
 
@@ -111,6 +114,7 @@ class NodeAgent:
             "boot_id": self.boot_id,
             "gpus": [g.as_dict() for g in inventory],
             "running": sorted(self.launcher.running),
+            "address": self.address,
         }
         asked_at = lease_clock()
         resp = await self.http.post("/v1/nodes/register", json=body)

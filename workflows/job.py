@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -79,7 +80,17 @@ async def _store(activity: MethodAsyncSingleParam[StoreActivities, Arg, Result],
     return await workflow.execute_activity_method(activity, arg, start_to_close_timeout=timedelta(seconds=30), retry_policy=STORE_RETRY)
 
 
-MASTER_PORT = 29500
+#: Rendezvous ports (``MASTER_PORT``) come from this range, one per allocation: gangs whose rank 0 share a host
+#: (single-node jobs on one node, simulated nodes on one machine) do not meet on each other's port.
+MASTER_PORTS = (20000, 30000)
+
+
+def master_port(allocation_id: str) -> int:
+    """The allocation's rendezvous port: the same on every member and every replay (a CRC, not Python's hash)."""
+    low, high = MASTER_PORTS
+    return low + zlib.crc32(allocation_id.encode()) % (high - low)
+
+
 FENCE_PATCH = "fence-unconfirmed-members"
 #: Stopping a gang sends each running member's node a `stop` activity as well as cancelling its launch.
 STOP_PATCH = "stop-members-directly"
@@ -176,8 +187,8 @@ def launch_input(job: JobInput, placement: Placement, member: PlacedMember, *, a
         env=dict(job.env),
         checkpoint_dir=job.checkpoint_dir,
         grace_period_s=job.grace_period_s,
-        master_addr=first.node_id,
-        master_port=MASTER_PORT,
+        master_addr=placement.master_addr or first.node_id,
+        master_port=master_port(placement.allocation_id),
         resume_from=resume_from,
         image=job.image,
         tenant=job.tenant,
@@ -415,7 +426,9 @@ class TrainingJobWorkflow:
         if answer.refused:
             workflow.logger.warning("resize of %s refused: %s; launching it again as it was", job.job_id, answer.refused)
         else:
-            placement = Placement(allocation_id=answer.allocation_id, attempt=self.s.attempt, members=answer.members)
+            placement = Placement(
+                allocation_id=answer.allocation_id, attempt=self.s.attempt, members=answer.members, master_addr=answer.master_addr
+            )
             self.s.placement = placement
             self.s.lost_nodes &= {m.node_id for m in placement.members}
         if self.s.cancel is not None:

@@ -63,6 +63,8 @@ class Placement:
     allocation_id: str
     attempt: int
     members: list[PlacedMember]
+    #: Where the members meet (rank 0's node address, ``MASTER_ADDR``); "": its node id.
+    master_addr: str = ""
 
 
 @dataclass
@@ -109,6 +111,8 @@ class ResizeResult:
     allocation_id: str
     members: list[PlacedMember]
     refused: str = ""
+    #: Rank 0's node address after the resize ("": its node id).
+    master_addr: str = ""
 
 
 @dataclass

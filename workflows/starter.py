@@ -97,9 +97,11 @@ async def job_outcome(handle: WorkflowHandle[Any, JobOutcome]) -> JobOutcome:
         raise
 
 
-async def signal_placement(client: Client, *, job_id: str, allocation_id: str, attempt: int, members: Sequence[PlacedMember]) -> None:
-    """Tell the job's workflow of its committed binding."""
-    placement = Placement(allocation_id=allocation_id, attempt=attempt, members=list(members))
+async def signal_placement(
+    client: Client, *, job_id: str, allocation_id: str, attempt: int, members: Sequence[PlacedMember], master_addr: str = ""
+) -> None:
+    """Tell the job's workflow of its committed binding (and where its members meet: rank 0's node address)."""
+    placement = Placement(allocation_id=allocation_id, attempt=attempt, members=list(members), master_addr=master_addr)
     await client.get_workflow_handle(job_id).signal("place", placement)
 
 

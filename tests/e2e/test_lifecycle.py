@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from cli.platform import temporal_binary
 from tests.e2e.conftest import REPO, RESTART_WITHIN_LEASE, TERMINAL, Platform, job_spec, only
 from worker_agent.launch import pid_alive
+from workflows.job import master_port
 
 pytestmark = pytest.mark.e2e
 
@@ -403,8 +404,9 @@ def test_losing_one_node_of_a_gang_requeues_the_whole_gang(platform: Platform, t
         assert attempt_spans(ticks)[1][1] < requeued["ts"], "attempt 1 still ran when the job was queued again"
         assert [a["state"] for a in queued["allocations"] if a["attempt"] == 1] == ["RELEASED"]
         # Each member saw the rendezvous of rank 0's node, and no checkpoint on the first attempt.
+        first = next(a for a in queued["allocations"] if a["attempt"] == 1)
         for rank in (0, 1):
-            line = f"env NODE_RANK='{rank}' MASTER_ADDR='{nodes[0]}' MASTER_PORT='29500' RESUME_FROM=''"
+            line = f"env NODE_RANK='{rank}' MASTER_ADDR='127.0.0.1' MASTER_PORT='{master_port(first['id'])}' RESUME_FROM=''"
             assert line in log_of(platform, job["id"], 1, rank)
         # The idle node is declared LOST by the placement service alone; nothing new goes there.
         wait_for_node(platform, "g1", "LOST", schedulable=False, timeout=60)

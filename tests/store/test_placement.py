@@ -192,3 +192,25 @@ async def test_a_resize_replaces_the_allocation_keeping_its_gpus_held_and_the_le
     assert ledger["alpha"]["H100-80GB"] == pytest.approx(history["alpha"]["H100-80GB"])
     assert history["alpha"]["H100-80GB"] == pytest.approx(2 * 100 + 4 * 200 + 1 * 100 + 1 * 290, rel=1e-6)
     assert last.state == "ACKED"
+
+
+async def test_a_resized_allocations_checkpoint_reports_are_newer_than_the_ones_before_it(seeded: Database) -> None:
+    """A resize launches the gang again, whose reports are numbered from 1 again: they still win over the last
+    report of the allocation it replaced (a late report of that one still loses)."""
+    from store import nodes
+
+    for node_id in ("h1", "h2"):
+        await nodes.register_node(seeded, node_id=node_id, gpu_type="H100-80GB", gpu_count=8, labels={}, boot_id="b", gpus=[], now=50.0)
+    job = await queued_job(seeded, "elastic")
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    [alloc] = await bind(seeded, job.id, [PlacedMember(node_id="h1", gpu_indices=[0, 1], rank=0)], epoch, now=100.0)
+    for seq in range(1, 6):
+        assert await jobs.report_checkpoint(seeded, node_id="h1", allocation_id=alloc.id, path=f"/ckpt/s-{seq}", seq=seq)
+    members = [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)]
+    new = await placement.resize_allocation(
+        seeded, job_id=job.id, attempt=1, allocation_id=alloc.id, members=members, reason="x", now=200.0
+    )
+    assert await jobs.report_checkpoint(seeded, node_id="h1", allocation_id=new.id, path="/ckpt/s-6", seq=1)
+    assert not await jobs.report_checkpoint(seeded, node_id="h1", allocation_id=alloc.id, path="/ckpt/s-5-late", seq=5)
+    assert await jobs.latest_checkpoint(seeded, job.id) == "/ckpt/s-6"
