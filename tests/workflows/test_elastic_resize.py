@@ -26,7 +26,7 @@ from activities.store import StoreActivities
 from cli.platform import temporal_binary
 from fairgang.settings import CONTROL_TASK_QUEUE, SEARCH_ATTRIBUTES, Settings
 from scheduler.service import PlacementService
-from store import jobs
+from store import health, jobs
 from store.db import Database
 from store.models import Allocation, Node
 from tests.builders import job_spec
@@ -51,6 +51,7 @@ class Fleet:
     @activity.defn(name="launch")
     async def launch(self, inp: LaunchInput) -> LaunchResult:
         self.launches.append(inp)
+        self.stopped.discard((inp.allocation_id, inp.rank))  # a new process: an earlier one's stop is not its
         started = MemberStarted(allocation_id=inp.allocation_id, rank=inp.rank, pid=0)
         await activity.client().get_workflow_handle(inp.job_id).signal("member_started", started)
         while (inp.allocation_id, inp.rank) not in self.stopped or self.hold.is_set():
@@ -200,7 +201,7 @@ async def _is(p: Platform, job_id: str, state: str) -> bool:
     return await p.state(job_id) == state
 
 
-@pytest.mark.parametrize("what", ["cancel", "preempt", "node_lost"])
+@pytest.mark.parametrize("what", ["cancel", "preempt", "node_lost", "fatal_gpu"])
 async def test_what_comes_during_a_resize_ends_the_attempt_as_it_does_otherwise(store: Database, what: str) -> None:
     env, p, workers = await running_platform(store)
     try:
@@ -213,10 +214,22 @@ async def test_what_comes_during_a_resize_ends_the_attempt_as_it_does_otherwise(
                 await starter.signal_cancel(env.client, job_id=elastic, reason="cancelled during a resize")
             elif what == "preempt":
                 await starter.preempt(env.client, job_id=elastic, reason="priority: its GPUs go to urgent")
-            else:
+            elif what == "node_lost":
                 await starter.signal_node_lost(env.client, job_id=elastic, node_id=first.node_id)
+            else:  # a GPU the growth would take goes bad meanwhile
+                target = "h2" if first.node_id == "h1" else "h1"
+                await health.set_gpu_health(store, node_id=target, index=3, healthy=False)
             await asyncio.sleep(0.5)
             p.fleet.hold.clear()
+            if what == "fatal_gpu":
+                # The store refuses the resize; the gang goes on as it was, in the same attempt.
+                await until("the gang launched again", lambda: _launched(p, elastic, 2), p.service)
+                again = p.fleet.of(elastic)[1]
+                assert again.allocation_id == first.allocation_id and again.attempt == 1 and again.node_id == first.node_id
+                assert "RESIZED" not in await event_kinds(store, elastic) and "REQUEUED" not in await event_kinds(store, elastic)
+                await starter.signal_cancel(env.client, job_id=elastic, reason="done")
+                await until("cancelled", lambda: _is(p, elastic, "CANCELLED"), p.service)
+                return
             if what == "cancel":
                 await until("cancelled", lambda: _is(p, elastic, "CANCELLED"), p.service)
                 assert await live_allocation(store, elastic) is None
@@ -231,6 +244,10 @@ async def test_what_comes_during_a_resize_ends_the_attempt_as_it_does_otherwise(
                 await until("cancelled", lambda: _is(p, elastic, "CANCELLED"), p.service)
     finally:
         await env.shutdown()
+
+
+async def _launched(p: Platform, job_id: str, times: int) -> bool:
+    return len(p.fleet.of(job_id)) >= times and (await p.status(job_id)).state == "RUNNING"
 
 
 async def _has_event(db: Database, job_id: str, kind: str) -> bool:
