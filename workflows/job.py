@@ -411,18 +411,7 @@ class TrainingJobWorkflow:
         self.s.resize = None
         if stopped.unconfirmed:
             return GangResult(GangOutcome.LOST, None, "a member's end was not confirmed while resizing", stopped.unconfirmed), placement
-        answer = await _store(
-            StoreActivities.resize,
-            ResizeInput(
-                job_id=job.job_id,
-                attempt=self.s.attempt,
-                allocation_id=placement.allocation_id,
-                members=request.members,
-                from_gpus=request.from_gpus,
-                to_gpus=request.to_gpus,
-                reason=request.reason,
-            ),
-        )
+        answer = await _store(StoreActivities.resize, self._resize_input(job, placement, request, begin=False))
         if answer.refused:
             workflow.logger.warning("resize of %s refused: %s; launching it again as it was", job.job_id, answer.refused)
         else:
@@ -556,19 +545,8 @@ class TrainingJobWorkflow:
         if stopping and self.s.preempt is not None and self.s.cancel is None and not timed_out:
             await self._transition(JobState.PREEMPTING, f"preempting-{self.s.attempt}", self.s.preempt.reason, placement.allocation_id)
         elif stopping and self._resizing(timed_out):
-            request = self.s.resize
-            assert request is not None
-            begin = ResizeInput(
-                job_id=job.job_id,
-                attempt=self.s.attempt,
-                allocation_id=placement.allocation_id,
-                members=request.members,
-                from_gpus=request.from_gpus,
-                to_gpus=request.to_gpus,
-                reason=request.reason,
-                begin=True,
-            )
-            await _store(StoreActivities.resize, begin)
+            assert self.s.resize is not None
+            await _store(StoreActivities.resize, self._resize_input(job, placement, self.s.resize, begin=True))
         if stopping:
             for handle in handles:
                 if not handle.done():
@@ -609,6 +587,19 @@ class TrainingJobWorkflow:
         if self.s.resize is not None:
             return f"resize from {self.s.resize.from_gpus} to {self.s.resize.to_gpus} GPUs"
         return "another member of the gang ended"
+
+    def _resize_input(self, job: JobInput, placement: Placement, request: ResizeRequest, *, begin: bool) -> ResizeInput:
+        """The store's resize activity's input: its RESIZING event (``begin``), or the allocation's replacement."""
+        return ResizeInput(
+            job_id=job.job_id,
+            attempt=self.s.attempt,
+            allocation_id=placement.allocation_id,
+            members=request.members,
+            from_gpus=request.from_gpus,
+            to_gpus=request.to_gpus,
+            reason=request.reason,
+            begin=begin,
+        )
 
     def _resizing(self, timed_out: bool) -> bool:
         """Whether the gang stops for a resize alone (nothing that ends the attempt came too)."""
