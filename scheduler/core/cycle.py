@@ -142,7 +142,8 @@ def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
         preemptions=tuple(cycle.preemptions),
         reservations=tuple(reservations),
         fragmentation=fragmentation(cycle.ws),
-        resizes=tuple(cycle.resizes),
+        # A job that a standing nomination preempts is not also resized (the preemption frees its GPUs anyway).
+        resizes=tuple(r for r in cycle.resizes if r.job_id not in cycle.stopping),
     )
 
 
@@ -399,7 +400,9 @@ def _try_preemption(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> Pl
         lowest = cycle.own_lowest.get((job.gpu_type, job.tenant))
         if lowest is None or lowest >= job.priority:
             return None
-    eligible = candidates(preemptor, cycle.book, cycle.victim_pool[job.gpu_type], cycle.stopping, cycle.victims_by_tenant[job.gpu_type])
+    # A job already shrinking this cycle is no victim: one decision per job per cycle.
+    busy = cycle.stopping | cycle.resizing if cycle.resizing else cycle.stopping
+    eligible = candidates(preemptor, cycle.book, cycle.victim_pool[job.gpu_type], busy, cycle.victims_by_tenant[job.gpu_type])
     first = next(eligible, None)
     if first is None:
         return None

@@ -102,6 +102,18 @@ def test_extra_gpus_are_taken_back_before_any_whole_job_is_preempted() -> None:
     assert after.resizes == () and after.preemptions == ()
 
 
+def test_a_job_shrinking_for_one_waiting_job_is_not_also_preempted_for_another() -> None:
+    # "e" gives back its 4 extra GPUs to "a1"; "a2" could only get GPUs by preempting "e" whole. One decision
+    # per job per cycle: the shrink stands, "a2" waits (and may preempt "e" in a later cycle).
+    nodes = leaf_nodes("l1", 1)
+    e = elastic_running("e", {"l1-n0": tuple(range(8))}, 4, 8, tenant="b", priority=10, checkpoint=-H)
+    tenants = [tenant("a", cohort="c", nominal=8), tenant("b", cohort="c", nominal=0)]
+    decisions = run_cycle(snap(nodes, [job("a1", 4), job("a2", 4)], running_jobs=[e], tenants=tenants, config=CONFIG), 0.0)
+    assert [(r.job_id, r.direction, r.for_job) for r in decisions.resizes] == [("e", "shrink", "a1")]
+    assert decisions.preemptions == ()
+    check_elastic(snap(nodes, [job("a1", 4), job("a2", 4)], running_jobs=[e], tenants=tenants, config=CONFIG), decisions)
+
+
 def test_the_cheapest_donor_shrinks_first_and_never_below_its_minimum() -> None:
     nodes = leaf_nodes("l1", 4)
     costly = elastic_running("costly", {"l1-n0": tuple(range(8)), "l1-n1": tuple(range(8))}, 8, 16, checkpoint=-2 * H)
@@ -184,6 +196,7 @@ def check_elastic(snapshot: Snapshot, decisions: Decisions) -> None:
     stopping = {p.job_id for p in decisions.preemptions}
     resized = [r.job_id for r in decisions.resizes]
     assert len(resized) == len(set(resized)), "at most one resize per job per cycle"
+    assert not stopping & set(resized), "a job is preempted or resized in one cycle, never both"
     final: dict[str, tuple[Member, ...]] = {r.id: r.members for r in snapshot.running}
     for resize in decisions.resizes:
         job = running_by_id[resize.job_id]
