@@ -12,16 +12,18 @@ import typer
 app = typer.Typer(help="The trace-driven scheduling simulator.", no_args_is_help=True)
 
 
-def _workload(name: str, fleet: object, *, seed: int, load: float, jobs: int | None) -> object:
+def _workload(name: str, fleet: object, *, seed: int, load: float, jobs: int | None, elastic_share: float = 0.0) -> object:
     from simulator.fleet import Fleet
-    from simulator.workload import csv_workload, philly_workload, synthetic_workload
+    from simulator.workload import csv_workload, make_elastic, philly_workload, synthetic_workload
 
     assert isinstance(fleet, Fleet)
     if name == "philly":
-        return philly_workload(fleet, seed=seed, load=load, jobs=jobs)
-    if name == "synthetic":
-        return synthetic_workload(fleet, seed=seed, load=load, jobs=jobs or 10_000)
-    return csv_workload(name, fleet, seed=seed, load=load, jobs=jobs)
+        wl = philly_workload(fleet, seed=seed, load=load, jobs=jobs)
+    elif name == "synthetic":
+        wl = synthetic_workload(fleet, seed=seed, load=load, jobs=jobs or 10_000)
+    else:
+        wl = csv_workload(name, fleet, seed=seed, load=load, jobs=jobs)
+    return make_elastic(wl, fleet, elastic_share, seed=seed)
 
 
 @app.command()
@@ -30,9 +32,12 @@ def sim(
         str, typer.Option(help="philly, synthetic, or the path of a CSV (Philly columns or the simulator's own).")
     ] = "philly",
     fleet: Annotated[str, typer.Option(help="'spec' (750 nodes, 5,000 GPUs) or a cluster config file, as for `fairgang dev`.")] = "spec",
-    policies: Annotated[str, typer.Option(help="Comma-separated: ours, fifo, priority, multifactor, drf, las, sjf.")] = (
-        "ours,fifo,priority,multifactor,drf,las,sjf"
-    ),
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: ours, ours-rigid (elastic jobs fixed at their maximum), fifo, priority, multifactor, drf, las, sjf."
+        ),
+    ] = ("ours,fifo,priority,multifactor,drf,las,sjf"),
     load: Annotated[float, typer.Option(help="Target offered load (time compression of the trace; arrival rate of the generator).")] = 0.7,
     jobs: Annotated[int | None, typer.Option(help="Number of jobs (default: the whole trace; 10,000 synthetic).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.md, summary.json and the PNG plots.")] = Path("sim-out"),
@@ -43,6 +48,9 @@ def sim(
     estimate: Annotated[str, typer.Option(help="Policies whose queue-wait estimates are scored (comma-separated; '' for none).")] = "ours",
     estimate_every_h: Annotated[float, typer.Option(help="Simulated hours between two estimator probes.")] = 6.0,
     title: Annotated[str | None, typer.Option(help="Report title.")] = None,
+    elastic_share: Annotated[
+        float, typer.Option(help="Share of multi-GPU jobs made elastic (maximum = recorded size, minimum = half; seeded).")
+    ] = 0.0,
 ) -> None:
     """Simulate the policies on one workload and fleet; write report.md and plots into OUT."""
     from rich.console import Console
@@ -61,7 +69,7 @@ def sim(
         for name in names:
             get_policy(name)
         the_fleet = load_fleet(fleet)
-        wl = _workload(workload, the_fleet, seed=seed, load=load, jobs=jobs)
+        wl = _workload(workload, the_fleet, seed=seed, load=load, jobs=jobs, elastic_share=elastic_share)
     except (ValueError, OSError) as err:
         console.print(f"[red]{err}[/red]")
         raise typer.Exit(2) from None

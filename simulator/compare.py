@@ -65,7 +65,8 @@ def run_set(
         title=title,
         setup=[
             f"- workload: {workload.name}, {len(workload.jobs)} jobs, {gpu_h:,.0f} GPU-hours, offered load {load:.2f}, "
-            f"{len({j.tenant for j in workload.jobs})} tenants",
+            f"{len({j.tenant for j in workload.jobs})} tenants"
+            + (f", {sum(j.elastic for j in workload.jobs)} of them elastic" if any(j.elastic for j in workload.jobs) else ""),
             f"- fleet: {fleet.name}: {len(fleet.nodes)} nodes, {fleet.total_gpus()} GPUs "
             + ", ".join(f"{t} {c}" for t, c in fleet.capacity().items()),
             f"- engine: cycles on a {options.cycle_s:g} s grid (and every {options.tick_s:g} s while jobs wait), restart overhead "
@@ -77,7 +78,12 @@ def run_set(
     )
     for name in policies:
         spec = get_policy(name)
-        opts = replace(options, oracle_runtime=spec.oracle_runtime or options.oracle_runtime, fresh_checkpoints=spec.needs_checkpoints)
+        opts = replace(
+            options,
+            oracle_runtime=spec.oracle_runtime or options.oracle_runtime,
+            fresh_checkpoints=spec.needs_checkpoints,
+            rigid=spec.rigid or options.rigid,
+        )
         probe = EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150) if name in estimate_for else None
 
         def tick(done: int, total: int, _name: str = name) -> None:

@@ -5,7 +5,10 @@ contract). The engine builds full snapshots (nodes with free GPUs, the queue, te
 quotas and decayed usage, running jobs with their members and checkpoints), calls the
 policy, and applies what it decided: preemptions first (the victim loses the work since its
 last checkpoint and goes back to the queue), then bindings (checked: whole gang, free GPUs,
-right type, one topology domain).
+right type, one topology domain). Elastic jobs' resizes (SPEC R9.2) are applied between the two:
+the job stops, keeps the work up to its last checkpoint, and restarts at once at its new size
+(the same attempt, paying the restart overhead), running at the speed its size gives it
+(:func:`simulator.workload.speed`).
 
 Cycles follow the placement service: one runs after anything that changes the queue or
 the free capacity, on a grid of ``cycle_s`` seconds (events inside one grid step share a
@@ -19,7 +22,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from scheduler.core.types import (
@@ -28,13 +31,14 @@ from scheduler.core.types import (
     NodeView,
     PendingJob,
     Reservation,
+    Resize,
     RunningJob,
     SchedulerConfig,
     Snapshot,
     TenantView,
 )
 from simulator.fleet import Fleet, TenantSpec
-from simulator.workload import SimJob, Workload, resolve_tenants
+from simulator.workload import SPEEDUP_EXPONENT, SimJob, Workload, resolve_tenants, speed
 
 Policy = Callable[[Snapshot, float], Decisions]
 #: Called as ``on_cycle(snapshot, now, new_job_ids)`` before the policy runs (the estimator hooks in here).
@@ -76,6 +80,10 @@ class SimOptions:
     #: Tenants' decayed usage in the snapshot is recomputed at most this often (it moves
     #: slowly: the half-life is a day).
     usage_refresh_s: float = 300.0
+    #: Run elastic jobs as fixed jobs at their maximum (the rigid baseline of the same workload).
+    rigid: bool = False
+    #: An elastic job at g of its m GPUs runs at ``(g / m) ** speedup_exponent`` of its full speed.
+    speedup_exponent: float = SPEEDUP_EXPONENT
     seed: int = 0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -87,6 +95,7 @@ class JobRecord:
     id: str
     tenant: str
     gpu_type: str
+    #: Its size (an elastic job's maximum: the size the trace recorded).
     gpu_count: int
     submit: float
     first_start: float | None
@@ -95,10 +104,15 @@ class JobRecord:
     queued_s: float
     #: GPU-seconds held (useful, lost and restart overhead).
     held_gpu_s: float
+    #: GPU-seconds lost to preemptions and failures (work since the last checkpoint, restart overhead).
     lost_gpu_s: float
     preemptions: int
     failures: int
     duration_s: float
+    #: An elastic job's maximum (None: fixed, or run rigid); its resizes and the GPU-seconds they lost.
+    gpu_max: int | None = None
+    resizes: int = 0
+    resize_lost_gpu_s: float = 0.0
 
 
 @dataclass
@@ -129,6 +143,8 @@ class SimResult:
     tenants: tuple[TenantSpec, ...]
     preemptions: int = 0
     failures: int = 0
+    #: Resizes applied, by direction ("grow", "shrink").
+    resizes: dict[str, int] = field(default_factory=dict)
     invalid: list[str] = field(default_factory=list)
     cycles: int = 0
     wall_s: float = 0.0
@@ -140,9 +156,13 @@ class _Job:
     __slots__ = (
         "attempt",
         "done_s",
+        "epoch",
         "failures",
         "finish",
         "first_start",
+        "gmax",
+        "gmin",
+        "gpus",
         "held_gpu_s",
         "idx",
         "job",
@@ -152,14 +172,29 @@ class _Job:
         "preemptions",
         "queued_at",
         "queued_s",
+        "rate",
+        "resize_lost_gpu_s",
+        "resized_at",
+        "resizes",
         "started_at",
         "state",
         "tenant_i",
         "type_i",
     )  # fmt: skip
 
-    def __init__(self, idx: int, job: SimJob, tenant_i: int, type_i: int) -> None:
+    def __init__(self, idx: int, job: SimJob, tenant_i: int, type_i: int, rigid: bool) -> None:
         self.idx, self.job, self.tenant_i, self.type_i = idx, job, tenant_i, type_i
+        #: Its range: a fixed job (or an elastic one run rigid, at its maximum) has gmin == gmax.
+        self.gmax = job.gpu_max if job.gpu_max is not None and job.gpu_max > job.gpu_count else job.gpu_count
+        self.gmin = self.gmax if rigid else job.gpu_count
+        #: GPUs held now, and the speed they give (work-seconds per second; 1 at its maximum).
+        self.gpus = 0
+        self.rate = 1.0
+        #: Counts starts and resizes: events of an older run of the job are stale.
+        self.epoch = 0
+        self.resizes = 0
+        self.resize_lost_gpu_s = 0.0
+        self.resized_at: float | None = None
         self.attempt = 0
         self.done_s = 0.0
         self.state = _PENDING
@@ -198,6 +233,8 @@ class Engine:
         self.owner: list[dict[int, int]] = [{} for _ in nodes]
         self.up = [True] * len(nodes)
         self.broken: list[set[int]] = [set() for _ in nodes]
+        #: When each node last had GPUs freed (elastic jobs grow only onto GPUs idle long enough).
+        self.freed_at = [0.0] * len(nodes)
         self.views: list[NodeView] = [self._view(i) for i in range(len(nodes))]
         self.stale_views: set[int] = set()
         self.nodes_tuple: tuple[NodeView, ...] | None = None
@@ -205,9 +242,13 @@ class Engine:
         for job in workload.jobs:
             if job.gpu_type not in self.type_index:
                 raise SimulationError(f"job {job.id}: GPU type {job.gpu_type} is not in the fleet")
-        self.jobs = [_Job(i, j, self.tenant_index[j.tenant], self.type_index[j.gpu_type]) for i, j in enumerate(workload.jobs)]
+        self.jobs = [
+            _Job(i, j, self.tenant_index[j.tenant], self.type_index[j.gpu_type], options.rigid) for i, j in enumerate(workload.jobs)
+        ]
         self.job_index = {j.job.id: i for i, j in enumerate(self.jobs)}
         self.pending: dict[int, PendingJob] = {}
+        #: Running elastic jobs below their maximum: cycles go on while there are any (they may grow).
+        self.growable: set[int] = set()
         self.running: dict[int, RunningJob] = {}
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
@@ -237,7 +278,7 @@ class Engine:
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
     def _want_cycle(self, t: float) -> None:
-        if not self.pending:
+        if not self.pending and not self.growable:
             return
         q = self.opt.cycle_s
         at = max(t, math.ceil(t / q) * q) if q > 0 else t
@@ -268,13 +309,14 @@ class Engine:
         js.state = _PENDING
         js.queued_at = now
         job = js.job
-        remaining = job.duration_s - js.done_s + (self.opt.restart_overhead_s if js.attempt > 1 else 0.0)
+        remaining = (job.duration_s - js.done_s) / self._speed(js, js.gmin) + (self.opt.restart_overhead_s if js.attempt > 1 else 0.0)
         self.pending[js.idx] = PendingJob(
             id=job.id,
             tenant=job.tenant,
             attempt=js.attempt,
             gpu_type=job.gpu_type,
-            gpu_count=job.gpu_count,
+            gpu_count=js.gmin,
+            gpu_max=js.gmax if js.gmax > js.gmin else None,
             priority=job.priority,
             queued_at=now,
             topology_level=job.topology_level,
@@ -284,21 +326,15 @@ class Engine:
             preemptible=job.preemptible,
             submitted_at=job.submit_s,
         )
-        self.tenant_demand[js.tenant_i][js.type_i] += job.gpu_count
-        self.type_demand[js.type_i] += job.gpu_count
+        self.tenant_demand[js.tenant_i][js.type_i] += js.gmin
+        self.type_demand[js.type_i] += js.gmin
         self.new_ids.append(job.id)
         self._want_cycle(now)
 
-    def _start(self, js: _Job, members: tuple[Member, ...], now: float) -> None:
-        job = js.job
-        del self.pending[js.idx]
-        js.state = _RUNNING
-        js.queued_s += now - js.queued_at
-        if js.first_start is None:
-            js.first_start = now
-        js.started_at = now
-        js.members = members
-        js.overhead_s = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+    def _speed(self, js: _Job, gpus: int) -> float:
+        return speed(gpus, js.gmax, self.opt.speedup_exponent) if js.gmax > js.gmin else 1.0
+
+    def _take(self, js: _Job, members: tuple[Member, ...]) -> None:
         for m in members:
             ni = self.node_index[m.node_id]
             free, owner = self.free[ni], self.owner[ni]
@@ -306,59 +342,96 @@ class Engine:
                 free.discard(g)
                 owner[g] = js.idx
             self._touch(ni)
-        self._account(js, now, job.gpu_count, 1)
-        run = js.overhead_s + job.duration_s - js.done_s
-        self._push(now + run, _FINISH, js.idx, js.attempt)
+
+    def _give(self, js: _Job, gpus: Iterable[tuple[int, int]], now: float) -> None:
+        """Give back (node index, GPU) pairs the job holds."""
+        for ni, g in gpus:
+            if self.owner[ni].get(g) == js.idx:
+                del self.owner[ni][g]
+                if g not in self.broken[ni]:
+                    self.free[ni].add(g)
+                self.freed_at[ni] = now
+                self._touch(ni)
+
+    def _run(self, js: _Job, now: float) -> None:
+        """(Re)start the job's run at its current size: its end and its first checkpoint."""
+        job = js.job
+        js.epoch += 1
+        js.started_at = now
+        js.rate = self._speed(js, js.gpus)
+        if js.gpus < js.gmax:
+            self.growable.add(js.idx)
+        else:
+            self.growable.discard(js.idx)
+        run = js.overhead_s + (job.duration_s - js.done_s) / js.rate
+        self._push(now + run, _FINISH, js.idx, js.epoch)
         self.running[js.idx] = self._running_view(js, None)
         if self.opt.fresh_checkpoints and math.isfinite(job.checkpoint_interval_s):
             first = now + js.overhead_s + job.checkpoint_interval_s
             if first < now + run:
-                self._push(first, _CKPT, js.idx, js.attempt)
+                self._push(first, _CKPT, js.idx, js.epoch)
+
+    def _start(self, js: _Job, members: tuple[Member, ...], now: float) -> None:
+        del self.pending[js.idx]
+        js.state = _RUNNING
+        js.queued_s += now - js.queued_at
+        if js.first_start is None:
+            js.first_start = now
+        js.members = members
+        js.gpus = sum(len(m.gpu_indices) for m in members)
+        js.resized_at = None
+        js.overhead_s = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+        self._take(js, members)
+        self._account(js, now, js.gpus, 1)
+        self._run(js, now)
 
     def _running_view(self, js: _Job, last_ckpt: float | None) -> RunningJob:
         job = js.job
-        remaining = js.overhead_s + job.duration_s - js.done_s
+        remaining = js.overhead_s + (job.duration_s - js.done_s) / js.rate
         expected = remaining if self.opt.oracle_runtime else max(job.max_runtime_s, remaining)
+        elastic = js.gmax > js.gmin
         return RunningJob(
             id=job.id,
             tenant=job.tenant,
             attempt=js.attempt,
             gpu_type=job.gpu_type,
-            gpu_count=job.gpu_count,
+            gpu_count=js.gpus,
             priority=job.priority,
             members=js.members,
             started_at=js.started_at,
             expected_end=js.started_at + expected,
             last_checkpoint_at=last_ckpt,
             preemptible=job.preemptible,
+            gpu_min=js.gmin if elastic else None,
+            gpu_max=js.gmax if elastic else None,
+            topology_level=job.topology_level,
+            resized_at=js.resized_at,
         )
 
     def _release(self, js: _Job, now: float) -> None:
-        for m in js.members:
-            ni = self.node_index[m.node_id]
-            free, owner, broken = self.free[ni], self.owner[ni], self.broken[ni]
-            for g in m.gpu_indices:
-                owner.pop(g, None)
-                if g not in broken:
-                    free.add(g)
-            self._touch(ni)
-        held = (now - js.started_at) * js.job.gpu_count
-        js.held_gpu_s += held
-        self._account(js, now, js.job.gpu_count, -1)
-        self.tenant_demand[js.tenant_i][js.type_i] -= js.job.gpu_count
-        self.type_demand[js.type_i] -= js.job.gpu_count
+        self._give(js, [(self.node_index[m.node_id], g) for m in js.members for g in m.gpu_indices], now)
+        js.held_gpu_s += (now - js.started_at) * js.gpus
+        self._account(js, now, js.gpus, -1)
+        self.tenant_demand[js.tenant_i][js.type_i] -= js.gpus
+        self.type_demand[js.type_i] -= js.gpus
         del self.running[js.idx]
+        self.growable.discard(js.idx)
         js.members = ()
+        js.gpus = 0
 
-    def _stop(self, js: _Job, now: float, *, failure: bool) -> None:
-        """Stop a running attempt; keep the work up to its last checkpoint and queue it again."""
+    def _save(self, js: _Job, now: float) -> float:
+        """Keep the run's work up to its last checkpoint; the GPU-seconds lost since (and to the restart overhead)."""
         job = js.job
         useful = max(0.0, now - js.started_at - js.overhead_s)
         interval = job.checkpoint_interval_s
-        saved = math.floor(useful / interval) * interval if math.isfinite(interval) else 0.0
-        saved = min(saved, job.duration_s - js.done_s)
+        saved_wall = math.floor(useful / interval) * interval if math.isfinite(interval) else 0.0
+        saved = min(saved_wall * js.rate, job.duration_s - js.done_s)
         js.done_s += saved
-        js.lost_gpu_s += (now - js.started_at - saved) * job.gpu_count
+        return (now - js.started_at - saved / js.rate) * js.gpus
+
+    def _stop(self, js: _Job, now: float, *, failure: bool) -> None:
+        """Stop a running attempt; keep the work up to its last checkpoint and queue it again."""
+        js.lost_gpu_s += self._save(js, now)
         self._release(js, now)
         if failure:
             js.failures += 1
@@ -367,6 +440,27 @@ class Engine:
             js.preemptions += 1
             self.result.preemptions += 1
         self._enqueue(js, now)
+
+    def _resize(self, js: _Job, members: tuple[Member, ...], now: float) -> None:
+        """Stop every member, keep the work up to the last checkpoint, change the GPUs, restart at the new size at once."""
+        js.resize_lost_gpu_s += self._save(js, now)
+        js.held_gpu_s += (now - js.started_at) * js.gpus
+        new = {(self.node_index[m.node_id], g) for m in members for g in m.gpu_indices}
+        old = {(self.node_index[m.node_id], g) for m in js.members for g in m.gpu_indices}
+        self._give(js, sorted(old - new), now)
+        self._take(js, members)
+        gpus = len(new)
+        self._account(js, now, gpus - js.gpus, 1)
+        self.tenant_demand[js.tenant_i][js.type_i] += gpus - js.gpus
+        self.type_demand[js.type_i] += gpus - js.gpus
+        direction = "grow" if gpus > js.gpus else "shrink"
+        self.result.resizes[direction] = self.result.resizes.get(direction, 0) + 1
+        js.gpus, js.members = gpus, members
+        js.resizes += 1
+        js.resized_at = now
+        js.overhead_s = self.opt.restart_overhead_s
+        self._run(js, now)
+        self._want_cycle(now)
 
     def _finish(self, js: _Job, now: float) -> None:
         self._release(js, now)
@@ -387,7 +481,13 @@ class Engine:
     def _view(self, i: int) -> NodeView:
         n = self.nodes[i]
         return NodeView(
-            id=n.id, gpu_type=n.gpu_type, gpu_count=n.gpus, labels=n.labels, free=frozenset(self.free[i]), schedulable=self.up[i]
+            id=n.id,
+            gpu_type=n.gpu_type,
+            gpu_count=n.gpus,
+            labels=n.labels,
+            free=frozenset(self.free[i]),
+            schedulable=self.up[i],
+            free_since=self.freed_at[i],
         )
 
     def _tenant_views(self, now: float) -> tuple[TenantView, ...]:
@@ -421,10 +521,14 @@ class Engine:
             raise SimulationError(f"{self.name}: {message}")
         self.result.invalid.append(message)
 
-    def _check_members(self, js: _Job, members: tuple[Member, ...]) -> str | None:
+    def _check_members(self, js: _Job, members: tuple[Member, ...], *, resize: bool = False) -> str | None:
         job = js.job
-        if sum(len(m.gpu_indices) for m in members) != job.gpu_count:
-            return f"bind of {job.id} gives {sum(len(m.gpu_indices) for m in members)} GPUs, it needs {job.gpu_count}"
+        what = "resize" if resize else "bind"
+        count = sum(len(m.gpu_indices) for m in members)
+        if resize and not js.gmin <= count <= js.gmax:
+            return f"resize of {job.id} to {count} GPUs, outside its range {js.gmin}-{js.gmax}"
+        if not resize and count != js.gmin:
+            return f"bind of {job.id} gives {count} GPUs, it needs {js.gmin}"
         seen: set[str] = set()
         domains: set[str | None] = set()
         for m in members:
@@ -433,14 +537,27 @@ class Engine:
                 return f"bind of {job.id} names node {m.node_id} twice or unknown"
             seen.add(m.node_id)
             if self.nodes[ni].gpu_type != job.gpu_type or not self.up[ni]:
-                return f"bind of {job.id} on {m.node_id}: wrong GPU type or node down"
-            if len(set(m.gpu_indices)) != len(m.gpu_indices) or not set(m.gpu_indices) <= self.free[ni]:
-                return f"bind of {job.id} on {m.node_id}: GPUs {m.gpu_indices} are not free"
+                return f"{what} of {job.id} on {m.node_id}: wrong GPU type or node down"
+            mine = {g for g, owner in self.owner[ni].items() if owner == js.idx} if resize else set()
+            if len(set(m.gpu_indices)) != len(m.gpu_indices) or not set(m.gpu_indices) <= self.free[ni] | mine:
+                return f"{what} of {job.id} on {m.node_id}: GPUs {m.gpu_indices} are not free"
             level = job.topology_level
             domains.add(m.node_id if level == "node" else self.domains[ni].get(level))
         if len(domains) != 1 or None in domains:
-            return f"bind of {job.id} spans more than one {job.topology_level}"
+            return f"{what} of {job.id} spans more than one {job.topology_level}"
         return None
+
+    def _apply_resize(self, r: Resize, now: float) -> None:
+        i = self.job_index.get(r.job_id)
+        js = self.jobs[i] if i is not None else None
+        if js is None or js.state != _RUNNING or js.attempt != r.attempt or js.gmax == js.gmin:
+            self._invalid(f"resize of {r.job_id} (attempt {r.attempt}), which is not a running elastic job")
+            return
+        problem = self._check_members(js, r.members, resize=True)
+        if problem:
+            self._invalid(problem)
+            return
+        self._resize(js, r.members, now)
 
     def _cycle(self, now: float, hook: CycleHook | None) -> None:
         self.cycle_at = None
@@ -459,6 +576,8 @@ class Engine:
                 self._invalid(f"preemption of {p.job_id} (attempt {p.attempt}), which is not running")
                 continue
             self._stop(self.jobs[i], now, failure=False)
+        for r in decisions.resizes:
+            self._apply_resize(r, now)
         for b in decisions.binds:
             i = self.job_index.get(b.job_id)
             if i is None or self.jobs[i].state != _PENDING or self.jobs[i].attempt != b.attempt or i not in self.pending:
@@ -473,7 +592,7 @@ class Engine:
             # Preempted jobs came back into the queue: look again at the next grid step, not in a loop now.
             self.cycle_at = now + (self.opt.cycle_s or 1.0)
         if self.pending:
-            stuck = not decisions.binds and not decisions.preemptions and not self.running
+            stuck = not decisions.binds and not decisions.preemptions and not decisions.resizes and not self.running
             if stuck and self.next_arrival >= len(self.jobs) and not self.outstanding_repairs:
                 # Nothing will ever change: the remaining jobs can never start.
                 for i in list(self.pending):
@@ -484,6 +603,8 @@ class Engine:
             tick = now + self.opt.tick_s
             if self.cycle_at is None or tick < self.cycle_at:
                 self.cycle_at = tick
+        elif self.growable and (self.cycle_at is None or now + self.opt.tick_s < self.cycle_at):
+            self.cycle_at = now + self.opt.tick_s
 
     # -------------------------------------------------------------- failures
     def _schedule_failures(self, now: float) -> None:
@@ -555,6 +676,8 @@ class Engine:
         first = jobs[0].job.submit_s
         last = jobs[-1].job.submit_s
         sample_s = self.opt.sample_s or max(60.0, (last - first + 48 * 3600.0) / 1500.0)
+        self.freed_at = [first] * len(self.nodes)
+        self.views = [self._view(i) for i in range(len(self.nodes))]
         self._push(first, _SAMPLE, 0)
         self._schedule_failures(first)
         report_every = max(1, total // 200)
@@ -583,14 +706,14 @@ class Engine:
             _, _, kind, a, b = heapq.heappop(heap)
             if kind == _FINISH:
                 js = jobs[a]
-                if js.state == _RUNNING and js.attempt == b:
+                if js.state == _RUNNING and js.epoch == b:
                     self._finish(js, now)
             elif kind == _CKPT:
                 js = jobs[a]
-                if js.state == _RUNNING and js.attempt == b:
+                if js.state == _RUNNING and js.epoch == b:
                     self.running[a] = self._running_view(js, now)
                     nxt = now + js.job.checkpoint_interval_s
-                    end = js.started_at + js.overhead_s + js.job.duration_s - js.done_s
+                    end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
                     if nxt < end:
                         self._push(nxt, _CKPT, a, b)
             elif kind == _SAMPLE:
@@ -623,7 +746,7 @@ class Engine:
                 id=js.job.id,
                 tenant=js.job.tenant,
                 gpu_type=js.job.gpu_type,
-                gpu_count=js.job.gpu_count,
+                gpu_count=js.gmax,
                 submit=js.job.submit_s,
                 first_start=js.first_start,
                 finish=js.finish,
@@ -633,6 +756,9 @@ class Engine:
                 preemptions=js.preemptions,
                 failures=js.failures,
                 duration_s=js.job.duration_s,
+                gpu_max=js.gmax if js.gmax > js.gmin else None,
+                resizes=js.resizes,
+                resize_lost_gpu_s=js.resize_lost_gpu_s,
             )
             for js in jobs
         ]

@@ -136,6 +136,67 @@ def _estimates(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Elastic-against-rigid runs: (folder, load label).
+ELASTIC_RUNS = (("elastic-70", "0.7"), ("elastic-100", "1.0"))
+
+
+def _elastic(folder: Path, current: str) -> list[str]:
+    """The "elastic against rigid" section from the runs of ``ours`` and ``ours-rigid`` on one elastic workload."""
+    out = [
+        "## Elastic against rigid (SPEC R9.2)",
+        "",
+        "The same Philly workload twice through the same core: once with a seeded half of the multi-GPU jobs elastic",
+        "(`ours`: maximum = the recorded size, minimum = half of it, whole nodes once it spans nodes), once with those",
+        "jobs fixed at their maximum (`ours-rigid`: what their users would have asked for without a range). Speed-up",
+        "model: at g of its m GPUs a job runs at (g/m)^0.8 of its full speed (sub-linear, as Pollux measures for",
+        "data-parallel training), so a job at its minimum is slower than its rigid twin. A resize stops the job and",
+        "restarts it at once at the new size from its last checkpoint, paying the 120 s restart: that and the work since",
+        "the checkpoint are the GPU-hours lost to resizes. The core grows a job onto GPUs idle for 5 min while no job of",
+        "the type waits, at most once per 10 min per job, and shrinks it back before preempting anyone.",
+        "",
+        "| load | run | util | util/bound | avg JCT h | avg wait h | p99 wait h | max wait h | elastic jobs "
+        "| resizes per elastic job (grow / shrink) | GPU-h lost to resizes | GPU-h lost to preemption |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    deltas = []
+    commands = []
+    for run, load in ELASTIC_RUNS:
+        path = folder / run / "summary.json"
+        if not path.exists():
+            out.append(f"| {load} | (not run yet: {path} is missing) |" + " |" * 10)
+            continue
+        data = json.loads(path.read_text())
+        commands.append(data["command"] + ("" if data.get("core_sha256") == current else "   # the core has changed since: re-run"))
+        s = data["summaries"]
+        elastic_jobs = s.get("ours", {}).get("elastic_jobs", 0)
+        for name in ("ours", "ours-rigid"):
+            if name not in s:
+                continue
+            v, o = s[name], s[name]["overall"]
+            resizes = v.get("resizes", {})
+            per = "-"
+            if name == "ours" and elastic_jobs:
+                grow, shrink = resizes.get("grow", 0), resizes.get("shrink", 0)
+                per = f"{(grow + shrink) / elastic_jobs:.2f} ({grow / elastic_jobs:.2f} / {shrink / elastic_jobs:.2f})"
+            out.append(
+                f"| {load} | {name} | {v['utilisation']:.1%} | {v['util_vs_bound']:.1%} | {_f(o['avg_jct'])} | {_f(o['avg_wait'])} | "
+                f"{_f(o['p99_wait'])} | {_f(o['max_wait'])} | {v.get('elastic_jobs', 0) if name == 'ours' else '-'} | {per} | "
+                f"{_f(v.get('resize_lost_gpu_h', 0.0), 0)} | {_f(v['lost_gpu_h'], 0)} |"
+            )
+        if "ours" in s and "ours-rigid" in s:
+            e, r = s["ours"]["overall"], s["ours-rigid"]["overall"]
+
+            def pct(key: str, e: dict[str, float] = e, r: dict[str, float] = r) -> str:
+                return f"{(e[key] - r[key]) / r[key]:+.1%}" if r[key] else "-"
+
+            deltas.append(
+                f"- load {load}: average JCT {pct('avg_jct')}, average wait {pct('avg_wait')}, p99 wait {pct('p99_wait')} "
+                "(elastic against rigid; negative is better)."
+            )
+    out += ["", *deltas, "", "Reproduce:", "", "```", *commands, "```", ""]
+    return out
+
+
 def _speed(data: dict[str, Any]) -> list[str]:
     lines = ["| policy | jobs | wall s | of which in the policy | cycles | jobs/s |", "|---|---:|---:|---:|---:|---:|"]
     for name, sp in data["speed"].items():
@@ -197,8 +258,11 @@ def doc(folder: Path, target: Path) -> None:
         "```",
         "fairgang sim --workload philly|synthetic|PATH.csv --fleet spec|cluster.yaml \\",
         "             --policies ours,fifo,priority,multifactor,drf,las,sjf \\",
-        "             --load 0.7 [--jobs N] [--seed S] [--node-mtbf-h H] [--gpu-mtbf-h H] --out DIR",
+        "             --load 0.7 [--jobs N] [--seed S] [--node-mtbf-h H] [--gpu-mtbf-h H] [--elastic-share S] --out DIR",
         "```",
+        "",
+        "`--elastic-share S` makes a seeded share S of the multi-GPU jobs elastic (see \"Elastic against rigid\" below);",
+        "the policy `ours-rigid` runs the production core with those jobs fixed at their maximum.",
         "",
         "writes `DIR/report.md` (overall, per size class, per tenant, estimator accuracy, speed), `DIR/summary.json`",
         "and the PNG plots. Baselines: `fifo` (per GPU type, head-of-line blocking), `priority` (strict priority, no",
@@ -263,6 +327,7 @@ def doc(folder: Path, target: Path) -> None:
             f"Every policy's tenant-share plot and the full report (per-tenant tables): [{run}/report.md]({rel}/report.md).",
             "",
         ]
+    out += _elastic(folder, current)
     out += [
         "## Limits of this evaluation",
         "",

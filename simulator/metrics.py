@@ -19,7 +19,7 @@ Definitions (also in docs/evaluation.md):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,6 +65,11 @@ class Summary:
     by_tenant: dict[str, GroupStats]
     #: Per tenant: GPU-hours held over its fair share of GPU-hours (1 = exactly fair).
     tenant_share_ratio: dict[str, float]
+    #: Elastic jobs (run elastic), their resizes by direction, and the GPU-hours resizes lost
+    #: (work since the last checkpoint and the restart overhead).
+    elastic_jobs: int = 0
+    resizes: dict[str, int] = field(default_factory=dict)
+    resize_lost_gpu_h: float = 0.0
 
 
 def group_stats(records: Sequence[JobRecord]) -> GroupStats:
@@ -191,6 +196,9 @@ def summarize(result: SimResult, *, window_s: float = 6 * HOUR) -> Summary:
         },
         by_tenant={k: group_stats(v) for k, v in sorted(_groups(records, lambda r: r.tenant).items())},
         tenant_share_ratio=ratio,
+        elastic_jobs=sum(1 for r in records if r.gpu_max is not None),
+        resizes=dict(sorted(result.resizes.items())),
+        resize_lost_gpu_h=sum(r.resize_lost_gpu_s for r in records) / HOUR,
     )
 
 

@@ -20,6 +20,13 @@ trace order, so a seed gives the same workload every time):
 - time compression: every submit time is divided by one factor, chosen so that the offered
   load (GPU-seconds demanded over fleet GPUs x the submission span) equals the target.
 - more jobs than the trace holds: the trace is repeated, each copy after the previous one.
+
+Elastic jobs (:func:`make_elastic`, ``fairgang sim --elastic-share S``): a seeded share S of
+the multi-GPU jobs becomes elastic, with the recorded count as its maximum and half of it as
+its minimum (rounded up to whole nodes once the maximum spans nodes). The recorded duration
+is the run time at the maximum; at g GPUs the job runs at ``(g / max) ** 0.8`` of that
+speed (sub-linear, as Pollux measures for data-parallel training), and its limit grows by the
+same factor at its minimum.
 """
 
 from __future__ import annotations
@@ -63,6 +70,22 @@ class SimJob:
     checkpoint_interval_s: float = math.inf
     #: "node" for single-node gangs, "leaf" for multi-node ones.
     topology_level: str = "node"
+    #: An elastic job's most GPUs (``gpu_count`` is then its minimum, and ``duration_s`` its run time at
+    #: this size); None: a fixed job.
+    gpu_max: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.gpu_max is not None and self.gpu_max > self.gpu_count
+
+
+#: Speed of an elastic job at g GPUs relative to its maximum m: ``(g / m) ** SPEEDUP_EXPONENT``.
+SPEEDUP_EXPONENT = 0.8
+
+
+def speed(gpus: int, gpu_max: int, exponent: float = SPEEDUP_EXPONENT) -> float:
+    """The share of its full speed that an elastic job (at most ``gpu_max`` GPUs) runs at on ``gpus``."""
+    return 1.0 if gpus >= gpu_max else (gpus / gpu_max) ** exponent
 
 
 @dataclass(frozen=True)
@@ -74,7 +97,8 @@ class Workload:
     tenants: tuple[TenantSpec, ...]
 
     def gpu_seconds(self) -> float:
-        return sum(j.gpu_count * j.duration_s for j in self.jobs)
+        """GPU-seconds of work (an elastic job's at its maximum)."""
+        return sum((j.gpu_max or j.gpu_count) * j.duration_s for j in self.jobs)
 
 
 def offered_load(workload: Workload, fleet_gpus: int) -> float:
@@ -94,6 +118,38 @@ def compress_to_load(workload: Workload, fleet_gpus: int, load: float) -> Worklo
     start = workload.jobs[0].submit_s
     jobs = tuple(replace(j, submit_s=(j.submit_s - start) * factor) for j in workload.jobs)
     return replace(workload, jobs=jobs)
+
+
+def make_elastic(workload: Workload, fleet: Fleet, share: float, *, seed: int = 0) -> Workload:
+    """A seeded ``share`` of the multi-GPU jobs made elastic: maximum = the recorded count, minimum = half of it.
+
+    The minimum is rounded up to whole nodes when the maximum spans several nodes (the step of a
+    multi-node elastic job is one node); a job whose half would not be below its maximum stays fixed.
+    Its user limit is stretched by the slowdown at its minimum. Other draws are untouched: the same
+    seed gives the same workload with and without elastic jobs.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"elastic share must be within [0, 1], got {share}")
+    if share == 0.0:
+        return workload
+    rng = random.Random(f"elastic-{seed}")
+    sizes = fleet.node_size()
+    jobs = []
+    for j in workload.jobs:
+        draw = rng.random()
+        if j.gpu_count < 2 or draw >= share:
+            jobs.append(j)
+            continue
+        size = sizes.get(j.gpu_type, j.gpu_count)
+        low = math.ceil(j.gpu_count / 2)
+        if j.gpu_count > size:
+            low = math.ceil(low / size) * size
+        if low >= j.gpu_count:
+            jobs.append(j)
+            continue
+        slow = speed(low, j.gpu_count)
+        jobs.append(replace(j, gpu_count=low, gpu_max=j.gpu_count, max_runtime_s=j.max_runtime_s / slow))
+    return replace(workload, jobs=tuple(jobs))
 
 
 def _limit_for(duration_s: float, factor: float) -> float:
@@ -309,6 +365,7 @@ CSV_COLUMNS = (
     "priority",
     "preemptible",
     "checkpoint_interval_s",
+    "gpu_max",
 )
 
 
@@ -318,7 +375,7 @@ def csv_workload(path: str | Path, fleet: Fleet, *, seed: int = 0, load: float |
     Philly-format files go through :func:`philly_workload`'s rules. Files in the
     simulator's own format are taken as they are (``max_runtime_s`` defaults to the
     duration, ``priority`` to 100, ``preemptible`` to true, ``checkpoint_interval_s`` to
-    none); ``load``, when given, compresses their submit times.
+    none, ``gpu_max`` to none: a fixed job); ``load``, when given, compresses their submit times.
     """
     raw = Path(path).read_bytes()
     text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
@@ -333,6 +390,9 @@ def csv_workload(path: str | Path, fleet: Fleet, *, seed: int = 0, load: float |
         if gpu_type not in sizes:
             raise ValueError(f"job {r['id']}: GPU type {gpu_type} is not in the fleet")
         duration = float(r["duration_s"])
+        gpu_max = int(r["gpu_max"]) if r.get("gpu_max") else None
+        if gpu_max is not None and gpu_max < count:
+            raise ValueError(f"job {r['id']}: gpu_max {gpu_max} is below gpu_count {count}")
         out.append(
             SimJob(
                 id=r["id"],
@@ -345,7 +405,8 @@ def csv_workload(path: str | Path, fleet: Fleet, *, seed: int = 0, load: float |
                 priority=int(r.get("priority") or PRIORITY_NORMAL),
                 preemptible=(r.get("preemptible") or "true").lower() in ("1", "true", "yes"),
                 checkpoint_interval_s=float(r.get("checkpoint_interval_s") or math.inf),
-                topology_level="node" if count <= sizes[gpu_type] else "leaf",
+                topology_level="node" if max(count, gpu_max or 0) <= sizes[gpu_type] else "leaf",
+                gpu_max=gpu_max,
             )
         )
     out.sort(key=lambda j: (j.submit_s, j.id))
@@ -372,6 +433,7 @@ def write_csv(workload: Workload, path: str | Path) -> None:
                     j.priority,
                     j.preemptible,
                     j.checkpoint_interval_s,
+                    j.gpu_max if j.gpu_max is not None else "",
                 ]
             )
 

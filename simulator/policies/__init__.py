@@ -37,12 +37,17 @@ class PolicySpec:
     oracle_runtime: bool = False
     #: Plans preemptions from ``last_checkpoint_at``, so the simulator keeps it fresh.
     needs_checkpoints: bool = False
+    #: Runs the workload's elastic jobs as fixed jobs at their maximum (the rigid baseline).
+    rigid: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
         PolicySpec("ours", "production core (scheduler.core.Scheduler), unchanged", _ours, needs_checkpoints=True),
+        PolicySpec(
+            "ours-rigid", "the production core with every elastic job fixed at its maximum", _ours, needs_checkpoints=True, rigid=True
+        ),
         PolicySpec("fifo", "FIFO per GPU type, head-of-line blocking", Fifo),
         PolicySpec("priority", "strict priority, no preemption", StrictPriority),
         PolicySpec("multifactor", "Slurm-style multifactor priority + EASY backfill", MultifactorEasy),
