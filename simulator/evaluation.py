@@ -261,7 +261,7 @@ def doc(folder: Path, target: Path) -> None:
         "             --load 0.7 [--jobs N] [--seed S] [--node-mtbf-h H] [--gpu-mtbf-h H] [--elastic-share S] --out DIR",
         "```",
         "",
-        "`--elastic-share S` makes a seeded share S of the multi-GPU jobs elastic (see \"Elastic against rigid\" below);",
+        '`--elastic-share S` makes a seeded share S of the multi-GPU jobs elastic (see "Elastic against rigid" below);',
         "the policy `ours-rigid` runs the production core with those jobs fixed at their maximum.",
         "",
         "writes `DIR/report.md` (overall, per size class, per tenant, estimator accuracy, speed), `DIR/summary.json`",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler.core import SchedulerConfig, run_cycle
 from scheduler.core.types import Snapshot
-from simulator.engine import SimOptions, SimResult, simulate
+from simulator.engine import JobRecord, SimOptions, SimResult, simulate
 from simulator.fleet import load_fleet
 from simulator.metrics import summarize
 from simulator.workload import SimJob, make_elastic, philly_workload, speed
@@ -25,7 +25,7 @@ def elastic(id: str, submit: float, lo: int, hi: int, duration: float, **kw: obj
     return replace(job(id, submit, lo, duration, **kw), gpu_max=hi, topology_level="node" if hi <= 8 else "leaf")  # type: ignore[arg-type]
 
 
-def record(result: SimResult, job_id: str):  # type: ignore[no-untyped-def]
+def record(result: SimResult, job_id: str) -> JobRecord:
     return next(r for r in result.records if r.id == job_id)
 
 
