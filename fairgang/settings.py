@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     max_wait_s: float = 6 * 3600.0
     min_runtime_before_preempt_s: float = 600.0
     backfill: bool = True
+    #: Priority points a small, short job gains within its tenant's queue (0: age order only).
+    short_job_boost: float = 90.0
+    short_job_ref_gpu_h: float = 64.0
     #: Elastic jobs grow onto GPUs free this long while no job of their type waits.
     elastic_grow_idle_s: float = 300.0
     #: An elastic job grows at most once per this interval (shrinking for a waiting job is never delayed).

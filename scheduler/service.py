@@ -125,6 +125,8 @@ class PlacementService:
             max_wait_s=settings.max_wait_s,
             min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
             backfill=settings.backfill,
+            short_job_boost=settings.short_job_boost,
+            short_job_ref_gpu_h=settings.short_job_ref_gpu_h,
             elastic_grow_idle_s=settings.elastic_grow_idle_s,
             elastic_resize_interval_s=settings.elastic_resize_interval_s,
         )

@@ -83,6 +83,7 @@ def run_set(
             oracle_runtime=spec.oracle_runtime or options.oracle_runtime,
             fresh_checkpoints=spec.needs_checkpoints,
             rigid=spec.rigid or options.rigid,
+            learned_runtimes=spec.learned_runtimes or options.learned_runtimes,
         )
         probe = EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150) if name in estimate_for else None
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from scheduler.core.predict import Key, RuntimePredictor
 from scheduler.core.types import (
     Decisions,
     Member,
@@ -45,7 +46,7 @@ Policy = Callable[[Snapshot, float], Decisions]
 CycleHook = Callable[[Snapshot, float, list[str]], None]
 
 _PENDING, _RUNNING, _DONE, _NEVER = 0, 1, 2, 3
-_FINISH, _NODE_FAIL, _NODE_REPAIR, _GPU_FAIL, _GPU_REPAIR, _SAMPLE, _CKPT = range(7)
+_FINISH, _NODE_FAIL, _NODE_REPAIR, _GPU_FAIL, _GPU_REPAIR, _SAMPLE, _CKPT, _EXPECT = range(8)
 
 
 class SimulationError(RuntimeError):
@@ -72,6 +73,9 @@ class SimOptions:
     gpu_repair_h: float = 24.0
     #: Give the policy the true remaining run time as ``expected_runtime_s`` (the SJF oracle).
     oracle_runtime: bool = False
+    #: Give the policy learned run times: ``expected_runtime_s`` and running jobs' ``expected_end`` from a
+    #: :class:`scheduler.core.predict.RuntimePredictor` fed with the jobs finished so far (never the future).
+    learned_runtimes: bool = False
     #: Refresh running jobs' ``last_checkpoint_at`` as checkpoints happen (costs time; only
     #: policies that plan preemptions need it).
     fresh_checkpoints: bool = True
@@ -166,6 +170,8 @@ class _Job:
         "held_gpu_s",
         "idx",
         "job",
+        "keys",
+        "last_ckpt",
         "lost_gpu_s",
         "members",
         "overhead_s",
@@ -195,6 +201,9 @@ class _Job:
         self.resizes = 0
         self.resize_lost_gpu_s = 0.0
         self.resized_at: float | None = None
+        #: What the predictor learns it under: the tenant's jobs of its size (the trace has no job names), the tenant's.
+        self.keys: tuple[Key, ...] = ((job.tenant, f"{self.gmax} GPUs"), (job.tenant,))
+        self.last_ckpt: float | None = None
         self.attempt = 0
         self.done_s = 0.0
         self.state = _PENDING
@@ -271,6 +280,8 @@ class Engine:
         self.tenant_cache: tuple[float, tuple[TenantView, ...]] | None = None
         #: The last cycle's reservations (and nominations), fed back to the next cycle as the service does.
         self.reservations: tuple[Reservation, ...] = ()
+        #: Run times learned from the jobs finished so far (with ``learned_runtimes``).
+        self.predictor = RuntimePredictor()
 
     # ----------------------------------------------------------------- events
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -309,7 +320,13 @@ class Engine:
         js.state = _PENDING
         js.queued_at = now
         job = js.job
-        remaining = (job.duration_s - js.done_s) / self._speed(js, js.gmin) + (self.opt.restart_overhead_s if js.attempt > 1 else 0.0)
+        overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+        expected: float | None = None
+        if self.opt.oracle_runtime:
+            expected = (job.duration_s - js.done_s) / self._speed(js, js.gmin) + overhead
+        elif self.opt.learned_runtimes:
+            predicted = self.predictor.predict(js.keys, job.max_runtime_s, js.done_s)
+            expected = min(job.max_runtime_s, (predicted - js.done_s) / self._speed(js, js.gmin) + overhead)
         self.pending[js.idx] = PendingJob(
             id=job.id,
             tenant=job.tenant,
@@ -322,7 +339,7 @@ class Engine:
             topology_level=job.topology_level,
             topology_required=True,
             max_runtime_s=job.max_runtime_s,
-            expected_runtime_s=remaining if self.opt.oracle_runtime else None,
+            expected_runtime_s=expected,
             preemptible=job.preemptible,
             submitted_at=job.submit_s,
         )
@@ -365,7 +382,8 @@ class Engine:
             self.growable.discard(js.idx)
         run = js.overhead_s + (job.duration_s - js.done_s) / js.rate
         self._push(now + run, _FINISH, js.idx, js.epoch)
-        self.running[js.idx] = self._running_view(js, None)
+        js.last_ckpt = None
+        self._expect(js, now)
         if self.opt.fresh_checkpoints and math.isfinite(job.checkpoint_interval_s):
             first = now + js.overhead_s + job.checkpoint_interval_s
             if first < now + run:
@@ -385,10 +403,28 @@ class Engine:
         self._account(js, now, js.gpus, 1)
         self._run(js, now)
 
-    def _running_view(self, js: _Job, last_ckpt: float | None) -> RunningJob:
+    def _expect(self, js: _Job, now: float) -> None:
+        """Refresh the job's view for the policy at ``now``; with learned run times, look again when it outlives the prediction."""
+        view = self.running[js.idx] = self._running_view(js, now)
+        if self.opt.learned_runtimes and not self.opt.oracle_runtime:
+            end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
+            if view.expected_end < end:
+                self._push(max(view.expected_end, now + 1.0), _EXPECT, js.idx, js.epoch)
+
+    def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job
+        last_ckpt = js.last_ckpt
         remaining = js.overhead_s + (job.duration_s - js.done_s) / js.rate
-        expected = remaining if self.opt.oracle_runtime else max(job.max_runtime_s, remaining)
+        if self.opt.oracle_runtime:
+            expected = remaining
+        elif self.opt.learned_runtimes:
+            # The work done by now (at full speed), the predicted total, corrected once outlived.
+            worked = js.done_s + max(0.0, now - js.started_at - js.overhead_s) * js.rate
+            predicted = self.predictor.predict(js.keys, job.max_runtime_s, worked)
+            expected = min(job.max_runtime_s, js.overhead_s + max(0.0, predicted - js.done_s) / js.rate)
+            expected = max(expected, now - js.started_at)
+        else:
+            expected = max(job.max_runtime_s, remaining)
         elastic = js.gmax > js.gmin
         return RunningJob(
             id=job.id,
@@ -464,6 +500,8 @@ class Engine:
 
     def _finish(self, js: _Job, now: float) -> None:
         self._release(js, now)
+        if self.opt.learned_runtimes:
+            self.predictor.observe(js.keys, js.job.duration_s, js.job.max_runtime_s)
         js.state = _DONE
         js.finish = now
         self.done += 1
@@ -711,11 +749,16 @@ class Engine:
             elif kind == _CKPT:
                 js = jobs[a]
                 if js.state == _RUNNING and js.epoch == b:
+                    js.last_ckpt = now
                     self.running[a] = self._running_view(js, now)
                     nxt = now + js.job.checkpoint_interval_s
                     end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
                     if nxt < end:
                         self._push(nxt, _CKPT, a, b)
+            elif kind == _EXPECT:
+                js = jobs[a]
+                if js.state == _RUNNING and js.epoch == b:
+                    self._expect(js, now)
             elif kind == _SAMPLE:
                 self._sample(now)
                 self._push(now + sample_s, _SAMPLE, 0)

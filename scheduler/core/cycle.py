@@ -264,7 +264,7 @@ def admit(cycle: Cycle, job: PendingJob) -> None:
     if not cycle.config.backfill and job.gpu_type in cycle.easy:
         cycle.reasons[job.id] = pending_reason(Pending.BACKFILL_OFF, holder=cycle.easy[job.gpu_type][0].id)
         return
-    end = cycle.now + job.max_runtime_s
+    end = cycle.now + job.expected_s
     entitled = cycle.book.admits(job.tenant, job.gpu_type, job.gpu_count)
     hopeless = job.gpu_count >= cycle.no_fit_from.get(cache_key, _NEVER_FAILED)
     if entitled and not hopeless:
@@ -369,7 +369,7 @@ def _blocking_holder(pool: Pool, ws: Workspace, members: tuple[Member, ...], job
 def bind(cycle: Cycle, pool: Pool, job: PendingJob, members: tuple[Member, ...], end: Respect) -> None:
     """Commit a placement on the working copy: GPUs taken, quota counted, reservation spare used."""
     ws = cycle.ws
-    job_end = cycle.now + job.max_runtime_s if end is None else end
+    job_end = cycle.now + job.expected_s if end is None else end
     for member in members:
         node = ws.by_id[member.node_id]
         ws.take(node, member.gpu_indices)

@@ -26,10 +26,22 @@ def aged_priority(job: PendingJob, now: float, config: SchedulerConfig, waited: 
     return job.priority + config.aging_per_hour * (waited_s(job, now) if waited is None else waited) / 3600.0
 
 
+def short_job_boost(job: PendingJob, config: SchedulerConfig) -> float:
+    """Priority points for a small, short job: ``short_job_boost`` for one expected GPU-hour or less, falling on a
+    log scale to 0 at ``short_job_ref_gpu_h`` expected GPU-hours (expected run time: learned, else the limit)."""
+    if config.short_job_boost <= 0.0:
+        return 0.0
+    gpu_h = job.gpu_count * job.expected_s / 3600.0
+    if gpu_h <= 1.0:
+        return config.short_job_boost
+    ref = max(config.short_job_ref_gpu_h, 1.0 + 1e-9)
+    return config.short_job_boost * max(0.0, 1.0 - math.log(gpu_h) / math.log(ref))
+
+
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
-    """A tenant's own queue: 1. higher aged priority, 2. waited longer, 3. queued earlier, 4. job id."""
+    """A tenant's own queue: 1. higher aged priority plus the short-job boost, 2. waited longer, 3. queued earlier, 4. job id."""
     waited = waited_s(job, now)
-    return (-aged_priority(job, now, config, waited), -waited, job.queued_at, job.id)
+    return (-(aged_priority(job, now, config, waited) + short_job_boost(job, config)), -waited, job.queued_at, job.id)
 
 
 def standing_key(reservation: Reservation) -> tuple[float, str]:

@@ -55,7 +55,8 @@ class PendingJob:
     topology_required: bool = True
     #: The spec's limit; the job is stopped when it elapses.
     max_runtime_s: float = 3600.0
-    #: A better guess of the run time when one is known (history, or an oracle in the simulator).
+    #: A better guess of the run time when one is known (learned from history, or an oracle in the simulator).
+    #: Backfill and reservations plan with it; the limit stays ``max_runtime_s``.
     expected_runtime_s: float | None = None
     preemptible: bool = True
     #: When the job was first submitted (aging counts from here, across attempts).
@@ -63,6 +64,13 @@ class PendingJob:
     #: An elastic job's most GPUs; ``gpu_count`` is its minimum, what it starts with and is entitled to.
     #: None (or not above ``gpu_count``): a fixed job.
     gpu_max: int | None = None
+
+    @property
+    def expected_s(self) -> float:
+        """How long it is expected to run: ``expected_runtime_s`` when known (never above the limit), else its limit."""
+        if self.expected_runtime_s is None:
+            return self.max_runtime_s
+        return min(self.expected_runtime_s, self.max_runtime_s)
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,11 @@ class SchedulerConfig:
     usage_half_life_s: float = 24 * 3600.0
     #: A waiting job gains this much priority per hour waited.
     aging_per_hour: float = 10.0
+    #: Within a tenant's queue, a job expected to use at most one GPU-hour gains this much priority; less for
+    #: bigger jobs, none from ``short_job_ref_gpu_h`` (log scale). 0 turns it off. Below one priority class
+    #: (100), so it orders jobs within a class (short first) and never lifts a fresh job over a higher class.
+    short_job_boost: float = 90.0
+    short_job_ref_gpu_h: float = 64.0
     #: After this long waiting a job may preempt to start.
     max_wait_s: float = 6 * 3600.0
     #: A job is not preempted before it has run this long since it last started.

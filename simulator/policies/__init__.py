@@ -39,14 +39,21 @@ class PolicySpec:
     needs_checkpoints: bool = False
     #: Runs the workload's elastic jobs as fixed jobs at their maximum (the rigid baseline).
     rigid: bool = False
+    #: Gets learned run times (the production core's inputs, as the placement service gives them).
+    learned_runtimes: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
-        PolicySpec("ours", "production core (scheduler.core.Scheduler), unchanged", _ours, needs_checkpoints=True),
+        PolicySpec("ours", "production core (scheduler.core.Scheduler), unchanged", _ours, needs_checkpoints=True, learned_runtimes=True),
         PolicySpec(
-            "ours-rigid", "the production core with every elastic job fixed at its maximum", _ours, needs_checkpoints=True, rigid=True
+            "ours-rigid",
+            "the production core with every elastic job fixed at its maximum",
+            _ours,
+            needs_checkpoints=True,
+            rigid=True,
+            learned_runtimes=True,
         ),
         PolicySpec("fifo", "FIFO per GPU type, head-of-line blocking", Fifo),
         PolicySpec("priority", "strict priority, no preemption", StrictPriority),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler.core import Pending, Reservation, SchedulerConfig, run_cycle
 from tests.scheduler.test_core_builders import H, Sim, job, leaf_nodes, placed, running, snap, tenant
 
 MIN = 60.0
+#: These tests are about reservations and backfill, with the queue in age order: no short-job boost.
+AGE_ORDER = SchedulerConfig(short_job_boost=0.0)
 
 
 def _two_nodes_busy(n1_busy: tuple[int, ...] = (0, 1, 2, 3, 4, 5)) -> tuple[list, list]:
@@ -40,7 +44,7 @@ def test_a_job_that_would_delay_the_reservation_waits_behind_it() -> None:
 def test_a_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
     nodes, busy = _two_nodes_busy(n1_busy=(0, 1, 2, 3))
     pending = [job("six", 6, queued_at=0), job("long", 2, queued_at=1, runtime=4 * H), job("long2", 1, queued_at=2, runtime=4 * H)]
-    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=AGE_ORDER), 10.0)
     # At t=1h l1-n1 has 8 free, "six" needs 6: 2 spare GPUs for jobs that run past the shadow time.
     assert placed(decisions) == {"long": [("l1-n1", (4, 5))]}
     assert decisions.pending_codes["long2"] == Pending.RESERVED and decisions.pending_reasons["long2"] == "reserved behind job six"
@@ -58,7 +62,7 @@ def test_a_long_job_may_use_nodes_outside_the_reservation() -> None:
 def test_without_backfill_nothing_passes_a_blocked_head() -> None:
     nodes, busy = _two_nodes_busy()
     pending = [job("big", 8, queued_at=0), job("short", 2, queued_at=1, runtime=0.5 * H)]
-    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=SchedulerConfig(backfill=False)), 10.0)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=SchedulerConfig(backfill=False, short_job_boost=0.0)), 10.0)
     assert decisions.binds == ()
     assert decisions.pending_codes["short"] == Pending.BACKFILL_OFF
     assert decisions.pending_reasons["short"] == "reserved behind job big (backfill is off)"
@@ -165,3 +169,46 @@ def test_a_flood_of_48_hour_jobs_cannot_starve_one_gpu_jobs_past_the_max_wait_wi
     assert sum(s in sim.started for s in sweeps) >= 12
     assert max(waits) >= 2 * H, "the bound came from max_wait, not from free capacity"
     assert len(sim.preempted) <= 4, "time slicing: no ping-pong of preemptions"
+
+
+def test_a_job_expected_to_end_before_the_shadow_time_backfills_though_its_limit_would_not() -> None:
+    # Learned run times plan backfill: "learned" may run 4 h (its limit) but is expected to run 30 min.
+    nodes, busy = _two_nodes_busy()
+    learned = replace(job("learned", 2, queued_at=1, runtime=4 * H), expected_runtime_s=0.5 * H)
+    pending = [job("big", 8, queued_at=0), learned]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=AGE_ORDER), 10.0)
+    assert placed(decisions) == {"learned": [("l1-n1", (6, 7))]}
+    # Without the learned time it would delay the reservation, so it waits.
+    unknown = job("learned", 2, queued_at=1, runtime=4 * H)
+    decisions = run_cycle(snap(nodes, [pending[0], unknown], running_jobs=busy, config=AGE_ORDER), 10.0)
+    assert decisions.binds == ()
+
+
+def test_a_reservation_slips_and_is_planned_again_when_a_backfilled_job_outlives_its_prediction() -> None:
+    # "learned" was backfilled onto l1-n1 expecting to end at 0.5 h; at 0.75 h it still runs, and its expected end
+    # (corrected by the predictor) is now 3 h: "big"'s reservation moves to the later of l1-n1's ends, not before.
+    nodes = leaf_nodes("l1", 2)
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, end=5 * H),
+        running("r1", {"l1-n1": (0, 1, 2, 3, 4, 5)}, end=H),
+        running("learned", {"l1-n1": (6, 7)}, started_at=10.0, end=3 * H),
+    ]
+    standing = (Reservation(job_id="big", node_ids=("l1-n1",), start_at=H),)
+    decisions = run_cycle(snap(nodes, [job("big", 8)], running_jobs=busy, reservations=standing, config=AGE_ORDER), 0.75 * H)
+    assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=3 * H),)
+
+
+def test_short_jobs_go_first_within_a_tenant_and_priority_class_but_not_across_classes() -> None:
+    from scheduler.core.cycle import queue_order
+
+    nodes = leaf_nodes("l1", 1)
+    old_long = job("old-long", 8, queued_at=0, runtime=8 * H)  # 64 GPU-hours: no boost
+    new_short = job("new-short", 1, queued_at=3600, runtime=0.5 * H)  # half a GPU-hour: the full boost
+    low_short = job("low-short", 1, queued_at=0, runtime=0.5 * H, priority=0)
+    now = 2 * H
+    assert queue_order(snap(nodes, [old_long, new_short, low_short]), now) == ["new-short", "old-long", "low-short"]
+    off = SchedulerConfig(short_job_boost=0.0)
+    assert queue_order(snap(nodes, [old_long, new_short, low_short], config=off), now) == ["old-long", "new-short", "low-short"]
+    # Bounded: the boost is worth 9 h of aging, so a short job submitted more than 9 h later queues behind.
+    later_short = job("later-short", 1, queued_at=9.5 * H, runtime=0.5 * H)
+    assert queue_order(snap(nodes, [old_long, later_short]), 11 * H) == ["old-long", "later-short"]

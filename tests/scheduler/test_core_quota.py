@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import Pending, Preempt, run_cycle
+from scheduler.core import Pending, Preempt, SchedulerConfig, run_cycle
 from tests.scheduler.test_core_builders import H, job, leaf_nodes, placed, running, snap, tenant
 
 
@@ -44,7 +44,8 @@ def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrow_limit() -> None:
 def test_the_lend_limit_caps_what_a_cohort_member_lends() -> None:
     tenants = [tenant("a", cohort="c", nominal=8), tenant("b", cohort="c", nominal=16, lend_limit=4)]
     pending = [job("a0", 8), job("a1", 4, queued_at=1), job("a2", 1, queued_at=2)]
-    decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants), 0.0)
+    # In age order (no short-job boost): a0 and a1 take the 4 GPUs b may lend, none is left for a2.
+    decisions = run_cycle(snap(leaf_nodes("l1", 4), pending, tenants=tenants, config=SchedulerConfig(short_job_boost=0.0)), 0.0)
     assert sorted(placed(decisions)) == ["a0", "a1"]
     assert decisions.pending_codes["a2"] == Pending.OVER_QUOTA
     assert decisions.pending_reasons["a2"] == (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core import NodeView, Pending, Snapshot, run_cycle
+from scheduler.core import NodeView, Pending, SchedulerConfig, Snapshot, run_cycle
 from tests.scheduler.test_core_builders import job, leaf_nodes, node, placed, running, snap
 
 
@@ -66,7 +66,8 @@ def test_topology_levels_are_data() -> None:
 
 def test_cordoned_nodes_and_unhealthy_gpus_are_never_used() -> None:
     nodes = [node("cordoned", schedulable=False), node("sick", free={0, 1, 2}), node("other", gpu_type="L40S", gpus=4)]
-    decisions = run_cycle(snap(nodes, [job("a", 3, queued_at=0), job("b", 1, queued_at=1)]), 5.0)
+    in_age_order = SchedulerConfig(short_job_boost=0.0)
+    decisions = run_cycle(snap(nodes, [job("a", 3, queued_at=0), job("b", 1, queued_at=1)], config=in_age_order), 5.0)
     assert placed(decisions) == {"a": [("sick", (0, 1, 2))]}
     assert decisions.pending_codes["b"] == Pending.NO_FREE_NODE
     assert decisions.pending_reasons["b"] == "no H100 node has 1 free GPUs; holds a reservation on sick from 01:00 UTC, in 1 h"

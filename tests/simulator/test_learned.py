@@ -1,0 +1,66 @@
+"""Learned run times in the simulator (issue: run times from history): from the jobs finished so far, never the future."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core import run_cycle
+from scheduler.core.types import Snapshot
+from simulator.engine import SimOptions, simulate
+from tests.simulator.helpers import fleet_of, job, workload
+
+LEARNED = SimOptions(cycle_s=0.0, tick_s=60.0, restart_overhead_s=0.0, strict=True, learned_runtimes=True)
+
+
+class Seen:
+    """A cycle hook that keeps what the policy was told of each job, per cycle."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[tuple[float, float | None]]] = {}
+        self.ends: dict[str, list[tuple[float, float]]] = {}
+
+    def __call__(self, snap: Snapshot, now: float, new_ids: list[str]) -> None:
+        for p in snap.pending:
+            self.pending.setdefault(p.id, []).append((now, p.expected_runtime_s))
+        for r in snap.running:
+            self.ends.setdefault(r.id, []).append((now, r.expected_end))
+
+
+def test_a_waiting_job_is_expected_to_run_as_long_as_its_tenants_last_two_runs_of_its_size():
+    # a1 and a2 (1 GPU, 1,000 s and 3,000 s) finish; a3 arrives after, while the node is full of "big".
+    wl = workload(
+        job("a1", 0, 1, 1000, limit=7200),
+        job("a2", 0, 1, 3000, limit=7200),
+        job("big", 3000, 8, 5000, tenant="b", limit=7200),
+        job("a3", 3100, 1, 500, limit=7200),
+    )
+    seen = Seen()
+    simulate(wl, fleet_of(1), run_cycle, options=LEARNED, hook=seen)
+    assert seen.pending["a3"][0][1] == pytest.approx(2000.0)  # mean of 1,000 and 3,000, below the 7,200 s limit
+
+
+def test_no_prediction_peeks_at_jobs_that_have_not_finished():
+    # "first" runs 5,000 s; "second" (same tenant and size) arrives while it runs: nothing is known yet.
+    wl = workload(job("first", 0, 8, 5000, limit=14_400), job("second", 100, 8, 5000, limit=14_400))
+    seen = Seen()
+    simulate(wl, fleet_of(1), run_cycle, options=LEARNED, hook=seen)
+    assert {e for _, e in seen.pending["second"]} == {14_400.0}  # the limit: "first" had not finished
+    # "first" itself was expected to run until its limit.
+    assert seen.ends["first"][0][1] == pytest.approx(14_400.0)
+
+
+def test_a_running_job_that_outlives_its_prediction_is_expected_to_run_longer_never_past_its_limit():
+    # Two 600 s runs teach 600 s; "long" (same key) then runs 3,000 s with a 4,000 s limit.
+    wl = workload(
+        job("r1", 0, 4, 600, limit=4000),
+        job("r2", 0, 4, 600, limit=4000),
+        job("long", 700, 4, 3000, limit=4000),
+        job("other", 800, 8, 2000, tenant="b", limit=4000),  # waits: cycles go on while "long" runs
+    )
+    seen = Seen()
+    simulate(wl, fleet_of(1), run_cycle, options=LEARNED, hook=seen)
+    ends = [end for _, end in seen.ends["long"]]
+    assert ends[0] == pytest.approx(700 + 600)  # the learned 600 s
+    assert ends == sorted(ends) and len(set(ends)) > 1  # moved later as it outlived it (600 -> 1,200 -> 2,400 -> ...)
+    assert max(ends) <= 700 + 4000  # never past the limit
+    assert all(end >= now for now, end in seen.ends["long"])
