@@ -139,7 +139,9 @@ def test_added_nodes_join_a_named_domain_with_its_wider_levels_or_a_new_one() ->
     snap = busy_fleet()  # n0 and n1 are on leaf l0, spine s0
     named = apply(snap, Proposal(add_nodes=(AddNodes(count=2, gpu_type="H100", gpus=4, domain=(("leaf", "l0"),)),)), now=5.0)
     added = [n for n in named.nodes if n.id not in ("n0", "n1")]
-    assert [(n.gpu_count, n.labels, n.free, n.schedulable) for n in added] == [(4, (("leaf", "l0"), ("spine", "s0")), frozenset(range(4)), True)] * 2
+    assert [(n.gpu_count, n.labels, n.free, n.schedulable) for n in added] == [
+        (4, (("leaf", "l0"), ("spine", "s0")), frozenset(range(4)), True)
+    ] * 2
     assert len({n.id for n in added}) == 2
     fresh = apply(snap, Proposal(add_nodes=(AddNodes(count=1, gpu_type="A100", gpus=8),)), now=5.0)
     (new,) = [n for n in fresh.nodes if n.gpu_type == "A100"]
