@@ -4,6 +4,7 @@ nothing in the store changes."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ ALPHA_ADMIN = auth("alpha-admin-token")
 
 
 async def busy_fleet(api: httpx.AsyncClient, db: Database) -> dict[str, str]:
-    """h1 and h2 full (alpha's "short" job on h2 has run 10 minutes before, so it ends 10 minutes after its start;
+    """h1 and h2 full (alpha's "short" job on h2 has taken 10 minutes before, so it ends 10 minutes after its start;
     "long" on h1 runs its hour), beta and alpha waiting. Returns the waiting jobs' ids by name."""
     await register(api, "h1", 0.0)
     await register(api, "h2", 0.0)
@@ -35,6 +36,12 @@ async def busy_fleet(api: httpx.AsyncClient, db: Database) -> dict[str, str]:
     await bind(db, long, "h1", list(range(8)))
     short = await queue_job(api, db, ALPHA, name="short", idempotency_key="again", gpu_count=8)
     await bind(db, short, "h2", list(range(8)))
+    # It started so that it is expected to end at 15 s past an odd half-minute: the ETA on the estimator's 30 s
+    # grid is on a half-minute, on any coarser grid later.
+    async with db.transaction() as session:
+        row = await session.get(Job, short)
+        assert row is not None
+        row.started_at = math.floor(now / 60) * 60 + 135 - 600
     return {
         "next": await queue_job(api, db, BETA, name="next", checkpoint_dir="/ckpt/beta/next", gpu_count=8),
         "four": await queue_job(api, db, ALPHA, name="four", checkpoint_dir="/ckpt/alpha/four", gpu_count=4),
