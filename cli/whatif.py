@@ -84,23 +84,26 @@ def _change(before: float, after: float) -> str:
     return ("+" if delta > 0 else "-") + format_duration(abs(delta))
 
 
+def _shift(before: float, after: float, censored: tuple[bool, bool]) -> str:
+    """``before → after (change)``; ``≥`` marks a wait that counts jobs not started within the horizon."""
+    return f"{_wait(before, censored[0])} → {_wait(after, censored[1])} ({_change(before, after)})"
+
+
 def _tenants_table(answer: dict[str, Any]) -> Table:
-    hours = f"{answer['horizon_s'] / 3600:g}h"
+    horizon = answer["horizon_s"]
+    hours = f"{horizon / 3600:g}h"
     table = Table(
-        "TENANT", "WAITING", "MEAN WAIT", "→", "CHANGE", "MEDIAN WAIT", "→", "CHANGE", f"START IN {hours}", "→",
-        title=f"Waits from now, without → with the change (next {hours}; ≥: some start later)",
+        "TENANT", "WAITING", "MEAN WAIT", "MEDIAN WAIT", f"STARTING WITHIN {hours}",
+        title=f"Waits from now, without → with the change, next {hours} (≥: some start later)",
     )  # fmt: skip
     for t in answer["tenants"]:
-        horizon = answer["horizon_s"]
-        late_before, late_after = t["started_before"] < t["waiting"], t["started_after"] < t["waiting"]
+        late = (t["started_before"] < t["waiting"], t["started_after"] < t["waiting"])
+        median_late = (t["median_wait_before_s"] >= horizon, t["median_wait_after_s"] >= horizon)
         table.add_row(
             "(all)" if t["tenant"] == "*" else t["tenant"], str(t["waiting"]),
-            _wait(t["mean_wait_before_s"], late_before), _wait(t["mean_wait_after_s"], late_after),
-            _change(t["mean_wait_before_s"], t["mean_wait_after_s"]),
-            _wait(t["median_wait_before_s"], t["median_wait_before_s"] >= horizon),
-            _wait(t["median_wait_after_s"], t["median_wait_after_s"] >= horizon),
-            _change(t["median_wait_before_s"], t["median_wait_after_s"]),
-            str(t["started_before"]), str(t["started_after"]),
+            _shift(t["mean_wait_before_s"], t["mean_wait_after_s"], late),
+            _shift(t["median_wait_before_s"], t["median_wait_after_s"], median_late),
+            f"{t['started_before']} → {t['started_after']}",
         )  # fmt: skip
     return table
 
