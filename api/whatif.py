@@ -16,7 +16,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from api import insight
 from api.deps import Caller, State, require_admin
@@ -37,7 +37,8 @@ MAX_STEPS = 2000
 #: The longest horizon a what-if may ask for.
 MAX_HOURS = 7 * 24.0
 
-Name = Annotated[str, Field(min_length=1, max_length=128)]
+Name = Annotated[str, Field(min_length=1, max_length=64)]
+Number = Annotated[float, Field(strict=True)]
 
 
 class NodesAdded(BaseModel):
@@ -46,10 +47,10 @@ class NodesAdded(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(ge=1, le=10_000)
+    count: int = Field(ge=1, le=1000)
     gpu_type: Name
-    gpus: int = Field(ge=1, le=1024)
-    domain: dict[Name, Name] = Field(default_factory=dict, max_length=16)
+    gpus: int = Field(ge=1, le=64)
+    domain: dict[Name, Name] = Field(default_factory=dict, max_length=8)
 
 
 class WhatIfRequest(BaseModel):
@@ -57,17 +58,17 @@ class WhatIfRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hours: float = Field(default=24.0, gt=0, le=MAX_HOURS, description="How far ahead to replay.")
-    weights: dict[Name, float] = Field(default_factory=dict, max_length=1000, description="Tenant -> new weight.")
-    quotas: dict[Name, dict[Name, QuotaChange | None]] = Field(
-        default_factory=dict, max_length=1000, description="Tenant -> GPU type -> new quota (null: the type taken away)."
+    hours: Number = Field(default=24.0, gt=0, le=MAX_HOURS, description="How far ahead to replay.")
+    weights: dict[Name, Number] = Field(default_factory=dict, max_length=64, description="Tenant -> new weight.")
+    quotas: dict[Name, Annotated[dict[Name, QuotaChange | None], Field(max_length=16)]] = Field(
+        default_factory=dict, max_length=32, description="Tenant -> GPU type -> new quota (null: the type taken away)."
     )
-    add_nodes: list[NodesAdded] = Field(default_factory=list, max_length=100)
-    drain: list[Name] = Field(default_factory=list, max_length=10_000, description="Node ids that get no new work.")
-    policy: dict[Name, bool | int | float | str] = Field(
+    add_nodes: list[NodesAdded] = Field(default_factory=list, max_length=32)
+    drain: list[Name] = Field(default_factory=list, max_length=1000, description="Node ids that get no new work.")
+    policy: dict[Name, StrictBool | StrictInt | StrictFloat | Annotated[StrictStr, Field(max_length=64)]] = Field(
         default_factory=dict, max_length=32, description="SchedulerConfig setting -> new value (type-checked)."
     )
-    jobs: bool = Field(default=False, description="Also answer every waiting job's shift.")
+    jobs: StrictBool = Field(default=False, description="Also answer every waiting job's shift.")
 
 
 class TenantShiftPublic(BaseModel):
