@@ -11,7 +11,12 @@ from the allocation rows (``store.usage.from_history``) instead of building a le
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import dataclasses
+import functools
+import multiprocessing
+import threading
 import time
 from typing import Annotated
 
@@ -154,6 +159,38 @@ async def live_snapshot(db: Database, settings: Settings, now: float) -> Snapsho
     return await with_expected_runtimes(db, dataclasses.replace(snapshot, config=config))
 
 
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _replay_pool() -> concurrent.futures.ProcessPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            atexit.register(_pool.shutdown, cancel_futures=True)  # before the interpreter tears its modules down
+        return _pool
+
+
+async def replay(
+    snapshot: Snapshot, proposal: whatif.Proposal, now: float, *, horizon_s: float, decayed: dict[str, dict[str, float]] | None
+) -> whatif.WhatIf:
+    """``simulator.whatif.what_if`` in a process of its own (one, kept; what-ifs take turns): seconds of pure Python on
+    a large fleet, which must not hold the API's interpreter lock (as the queue view's forward simulation must not)."""
+    global _pool
+    call = functools.partial(
+        whatif.what_if, snapshot, proposal, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS, decayed=decayed
+    )
+    pool = _replay_pool()
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+    except concurrent.futures.process.BrokenProcessPool:
+        with _pool_lock:
+            if _pool is pool:
+                _pool = None
+        raise HTTPException(503, "the what-if's process died; try again", headers={"Retry-After": "1"}) from None
+
+
 def proposal_of(body: WhatIfRequest) -> whatif.Proposal:
     """The request as the pure module's proposal (policy values type-checked here, naming the field)."""
     quotas = tuple(
@@ -199,18 +236,8 @@ async def what_if(state: State, who: Caller, body: WhatIfRequest) -> WhatIfAnswe
     half_life = dict(proposal.policy).get("usage_half_life_s")
     if half_life is not None and half_life != snapshot.config.usage_half_life_s:
         decayed = await decayed_usage(state.db, half_life=float(half_life), now=now)
-    horizon_s = body.hours * 3600.0
     try:
-        result = await asyncio.to_thread(
-            whatif.what_if,
-            snapshot,
-            proposal,
-            now,
-            horizon_s=horizon_s,
-            step_s=insight.ESTIMATE_STEP_S,
-            max_steps=MAX_STEPS,
-            decayed=decayed,
-        )
+        result = await replay(snapshot, proposal, now, horizon_s=body.hours * 3600.0, decayed=decayed)
     except whatif.ProposalError as err:
         raise _refused(err) from None
     return WhatIfAnswer(

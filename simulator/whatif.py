@@ -36,6 +36,9 @@ class ProposalError(ValueError):
         super().__init__(f"{field}: {reason}")
         self.field, self.reason = field, reason
 
+    def __reduce__(self) -> tuple[type[ProposalError], tuple[str, str]]:
+        return (ProposalError, (self.field, self.reason))  # raised in another process, it arrives whole
+
 
 @dataclass(frozen=True)
 class QuotaChange:
