@@ -113,7 +113,7 @@ def policy_value(name: str, value: object, *, field: str | None = None) -> float
     else:
         try:
             number = float(value) if isinstance(value, int | float) else float(str(value).strip())
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ProposalError(where, f"{value!r} is not a number") from None
         if not math.isfinite(number):
             raise ProposalError(where, f"{value!r} is not a finite number")

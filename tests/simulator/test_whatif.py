@@ -198,6 +198,7 @@ def test_policy_values_are_checked_against_the_settings_types() -> None:
         ("aging_per_hour", "fast", "not a number"),
         ("aging_per_hour", True, "not a number"),
         ("aging_per_hour", "inf", "not a finite number"),
+        ("aging_per_hour", 10**400, "not a number"),
         ("max_preemption_plans", "1.5", "not a whole number"),
     ]:
         with pytest.raises(ProposalError) as err:
