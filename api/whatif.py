@@ -39,6 +39,8 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 #: The replay's grid is the live queue view's; it may ask the policy this many times (the view: 400) to reach the horizon.
 MAX_STEPS = 2000
+#: Processes for the replays: the two of one what-if run side by side.
+REPLAY_PROCESSES = 2
 #: The longest horizon a what-if may ask for.
 MAX_HOURS = 7 * 24.0
 
@@ -167,7 +169,7 @@ def _replay_pool() -> concurrent.futures.ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=REPLAY_PROCESSES, mp_context=multiprocessing.get_context("spawn"))
             atexit.register(_pool.shutdown, cancel_futures=True)  # before the interpreter tears its modules down
         return _pool
 
@@ -175,20 +177,28 @@ def _replay_pool() -> concurrent.futures.ProcessPoolExecutor:
 async def replay(
     snapshot: Snapshot, proposal: whatif.Proposal, now: float, *, horizon_s: float, decayed: dict[str, dict[str, float]] | None
 ) -> whatif.WhatIf:
-    """``simulator.whatif.what_if`` in a process of its own (one, kept; what-ifs take turns): seconds of pure Python on
-    a large fleet, which must not hold the API's interpreter lock (as the queue view's forward simulation must not)."""
+    """``simulator.whatif.what_if``, its two replays side by side in processes of their own (kept; what-ifs take
+    turns): seconds of pure Python on a large fleet, which must not hold the API's interpreter lock (as the queue
+    view's forward simulation must not). The proposal is checked here first (:class:`whatif.ProposalError`)."""
     global _pool
-    call = functools.partial(
-        whatif.what_if, snapshot, proposal, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS, decayed=decayed
-    )
+    changed = whatif.apply(snapshot, proposal, now=now, decayed=decayed)
     pool = _replay_pool()
+    loop = asyncio.get_running_loop()
+
+    def run(snap: Snapshot) -> asyncio.Future[dict[str, float]]:
+        call = functools.partial(whatif.replay, snap, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS)
+        return loop.run_in_executor(pool, call)
+
     try:
-        return await asyncio.get_running_loop().run_in_executor(pool, call)
+        before_f = run(snapshot)
+        after_f = before_f if changed is snapshot else run(changed)
+        before, after = await asyncio.gather(before_f, after_f)
     except concurrent.futures.process.BrokenProcessPool:
         with _pool_lock:
             if _pool is pool:
                 _pool = None
         raise HTTPException(503, "the what-if's process died; try again", headers={"Retry-After": "1"}) from None
+    return whatif.compare(snapshot, before, after, now=now, horizon_s=horizon_s)
 
 
 def proposal_of(body: WhatIfRequest) -> whatif.Proposal:

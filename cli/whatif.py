@@ -16,6 +16,8 @@ from cli.kit import fail as _fail
 from fairgang.durations import format_duration
 
 app = typer.Typer()
+#: The least time the command waits for the answer: two replays of a large fleet take a while.
+TIMEOUT_S = 300.0
 
 
 def _pair(option: str, item: str, shape: str) -> tuple[str, str]:
@@ -157,7 +159,7 @@ def whatif(
         "jobs": jobs,
     }
     with _client(api_url, token) as http:
-        answer = _check(http.post("/v1/admin/whatif", json=body))
+        answer = _check(http.post("/v1/admin/whatif", json=body, timeout=max(http.timeout.read or 0.0, TIMEOUT_S)))
 
     def show(data: dict[str, Any]) -> None:
         for line in data["changes"]:

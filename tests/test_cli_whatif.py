@@ -44,6 +44,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     def answer(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/admin/whatif" and request.method == "POST"
+        assert request.extensions["timeout"]["read"] >= cli_whatif.TIMEOUT_S  # two replays of a large fleet take a while
         bodies.append(json.loads(request.content))
         return httpx.Response(200, json=ANSWER)
 
