@@ -75,15 +75,20 @@ def parse_setting(item: str) -> tuple[str, str]:
     return _pair("--set", item, "NAME=VALUE")
 
 
+def _duration(seconds: float) -> str:
+    """A duration to the second, or to the minute from an hour on."""
+    return format_duration(round(seconds / 60) * 60 if seconds >= 3600 else seconds)
+
+
 def _wait(seconds: float, censored: bool) -> str:
-    return ("≥" if censored else "") + format_duration(seconds)
+    return ("≥" if censored else "") + _duration(seconds)
 
 
 def _change(before: float, after: float) -> str:
     delta = after - before
     if abs(delta) < 1:
         return "="
-    return ("+" if delta > 0 else "-") + format_duration(abs(delta))
+    return ("+" if delta > 0 else "-") + _duration(abs(delta))
 
 
 def _shift(before: float, after: float, censored: tuple[bool, bool]) -> str:
