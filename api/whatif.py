@@ -16,6 +16,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import multiprocessing
+import os
 import threading
 import time
 from typing import Annotated
@@ -165,11 +166,28 @@ _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+#: How often a replay process looks whether the API process that started it is still there.
+PARENT_CHECK_S = 1.0
+
+
+def _end_with(parent: int) -> None:
+    """(A replay process's initializer) End this process once ``parent`` has gone: an API process killed by a
+    signal runs no exit handlers, and its replay processes must not outlive it."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="fairgang-whatif-parent", daemon=True).start()
+
+
 def _replay_pool() -> concurrent.futures.ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=REPLAY_PROCESSES, mp_context=multiprocessing.get_context("spawn"))
+            spawn = multiprocessing.get_context("spawn")
+            _pool = concurrent.futures.ProcessPoolExecutor(REPLAY_PROCESSES, spawn, initializer=_end_with, initargs=(os.getpid(),))
             atexit.register(_pool.shutdown, cancel_futures=True)  # before the interpreter tears its modules down
         return _pool
 

@@ -5,7 +5,12 @@ nothing in the store changes."""
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +18,7 @@ import pytest
 from sqlalchemy import select
 from sqlmodel import SQLModel
 
+from api import whatif
 from store.db import Database
 from store.models import Job, UsageLedger
 from tests.api.test_api import ADMIN, ALPHA, BETA, auth
@@ -205,3 +211,40 @@ async def test_a_what_if_writes_nothing(api: httpx.AsyncClient, seeded: Database
     assert len(answer["changes"]) == 7
     await what_if(api)
     assert await rows(seeded) == before
+
+
+def test_the_replay_processes_end_with_an_api_process_killed_by_a_signal(tmp_path: Path) -> None:
+    script = (
+        "import os, sys, time\n"
+        "from api import whatif\n"
+        "pool = whatif._replay_pool()\n"
+        "pids = [f.result(timeout=120) for f in [pool.submit(time.sleep, 1) for _ in range(whatif.REPLAY_PROCESSES)]]\n"
+        "print(' '.join(str(p) for p in pool._processes), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHONPATH": str(root)}
+    api = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert api.stdout is not None
+        workers = [int(p) for p in api.stdout.readline().split()]
+        assert len(workers) == whatif.REPLAY_PROCESSES and all(alive(p) for p in workers)
+    finally:
+        api.kill()  # SIGKILL: no exit handler runs
+        api.wait()
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if alive(p)]
+    for pid in left:  # a failure leaves nothing behind
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
