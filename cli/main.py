@@ -8,13 +8,13 @@ from __future__ import annotations
 import httpx
 import typer
 
-from cli import accounting, admin, contexts, dev, fleet, jobs, serve, tokens
+from cli import accounting, admin, contexts, dev, fleet, jobs, serve, tokens, whatif
 from cli.kit import err_console
 from cli.sweeps import schedule_app, sweep_app
 from simulator.cli import sim
 
 app = typer.Typer(help="fairgang: fair gang scheduling for a shared GPU fleet.", no_args_is_help=True)
-for group in (serve, dev, jobs, accounting, fleet, admin):
+for group in (serve, dev, jobs, accounting, fleet, admin, whatif):
     app.add_typer(group.app)
 sim_app = typer.Typer()
 sim_app.command(name="sim")(sim)

@@ -72,6 +72,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/tenants/{name}"): OWNER_AND_ADMIN,
     ("PATCH", "/v1/tenants/{name}"): frozenset({ADMIN}),
     ("GET", "/v1/audit"): frozenset({ADMIN}),
+    ("POST", "/v1/admin/whatif"): frozenset({ADMIN}),
     ("POST", "/v1/sweeps"): USERS,
     ("GET", "/v1/sweeps"): USERS,
     ("GET", "/v1/sweeps/{sweep_id}"): OWNER_AND_ADMIN,
