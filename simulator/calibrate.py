@@ -92,10 +92,8 @@ class WaitCalibrator:
         values = self._values(band)
         if values is None:
             return tuple(predicted_s for _ in qs)
-        if band == 0:
-            out = [quantile(values, q) for q in qs]
-        else:
-            out = [predicted_s * quantile(values, q) for q in qs]
+        scale = 1.0 if band == 0 else predicted_s  # band 0 keeps waits, the others ratios
+        out = [scale * quantile(values, q) for q in qs]
         for i in range(1, len(out)):
             out[i] = max(out[i], out[i - 1])
         return tuple(out)

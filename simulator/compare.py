@@ -8,10 +8,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from scheduler.core.types import Snapshot
-from simulator.engine import SimOptions, SimResult, simulate
+from simulator.calibrate import WaitCalibrator
+from simulator.engine import Engine, SimOptions, SimResult
 from simulator.estimate import estimate_starts
 from simulator.fleet import Fleet
-from simulator.metrics import estimate_accuracy, summarize
+from simulator.metrics import Prediction, estimate_accuracy, summarize
 from simulator.policies import get_policy
 from simulator.report import RunSet
 from simulator.workload import Workload, offered_load
@@ -24,26 +25,63 @@ class EstimatorProbe:
 
     Predictions use a fresh instance of the policy under test, so they see exactly what
     the live API would. Jobs that arrived since the previous cycle count as "at submit".
+    With ``started`` (job id -> its first start, or None while it has not started), each raw
+    forward-simulated estimate is calibrated as the live API calibrates it
+    (:class:`simulator.calibrate.WaitCalibrator`), from the outcomes of this run's earlier
+    estimates whose jobs have started by now: never from the future.
     """
 
-    def __init__(self, make_policy: Callable[[], Callable[..., object]], *, every_s: float, step_s: float, max_steps: int) -> None:
+    def __init__(
+        self,
+        make_policy: Callable[[], Callable[..., object]],
+        *,
+        every_s: float,
+        step_s: float,
+        max_steps: int,
+        started: Callable[[str], float | None] | None = None,
+        calibrator: WaitCalibrator | None = None,
+    ) -> None:
         self.make = make_policy
         self.every_s = every_s
         self.step_s = step_s
         self.max_steps = max_steps
+        self.started = started
+        self.calibrator = calibrator or WaitCalibrator()
+        #: Job id -> its raw estimates not yet scored: (made at, predicted remaining wait).
+        self.outstanding: dict[str, list[tuple[float, float]]] = {}
         self.last = -float("inf")
-        #: (job id, made at, predicted start or None, made at submission)
-        self.predictions: list[tuple[str, float, float | None, bool]] = []
+        #: (job id, made at, predicted start or None, made at submission, low, high, GPUs)
+        self.predictions: list[Prediction] = []
+
+    def _learn(self) -> None:
+        if self.started is None:
+            return
+        for job_id in list(self.outstanding):
+            start = self.started(job_id)
+            if start is not None:
+                for made_at, predicted in self.outstanding.pop(job_id):
+                    self.calibrator.observe(predicted, start - made_at)
 
     def __call__(self, snapshot: Snapshot, now: float, new_ids: list[str]) -> None:
         if now - self.last < self.every_s or not snapshot.pending:
             return
         self.last = now
+        self._learn()
         fresh = set(new_ids)
         starts = estimate_starts(snapshot, now, self.make(), step_s=self.step_s, max_steps=self.max_steps)  # type: ignore[arg-type]
         for job in snapshot.pending:
-            if job.attempt == 1:
-                self.predictions.append((job.id, now, starts.get(job.id), job.id in fresh))
+            if job.attempt != 1:
+                continue
+            raw = starts.get(job.id)
+            if raw is None:
+                self.predictions.append((job.id, now, None, job.id in fresh, None, None, job.gpu_count))
+                continue
+            if self.started is None:
+                self.predictions.append((job.id, now, raw, job.id in fresh, raw, raw, job.gpu_count))
+                continue
+            self.outstanding.setdefault(job.id, []).append((now, raw - now))
+            low, median, high = self.calibrator.interval(raw - now)
+            self.predictions.append((job.id, now, now + median, job.id in fresh, now + low, now + high, job.gpu_count))
 
 
 def run_set(
@@ -85,13 +123,22 @@ def run_set(
             rigid=spec.rigid or options.rigid,
             learned_runtimes=spec.learned_runtimes or options.learned_runtimes,
         )
-        probe = EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150) if name in estimate_for else None
+        engine = Engine(workload, fleet, spec.make(), name, opts)
+
+        def started(job_id: str, _engine: Engine = engine) -> float | None:
+            return _engine.jobs[_engine.job_index[job_id]].first_start
+
+        probe = (
+            EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150, started=started)
+            if name in estimate_for
+            else None
+        )
 
         def tick(done: int, total: int, _name: str = name) -> None:
             if progress is not None:
                 progress(_name, done, total)
 
-        result: SimResult = simulate(workload, fleet, spec.make(), name=name, options=opts, hook=probe, progress=tick)
+        result: SimResult = engine.run(hook=probe, progress=tick)
         runs.results[name] = result
         runs.summaries[name] = summarize(result)
         if probe is not None:

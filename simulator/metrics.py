@@ -18,6 +18,7 @@ Definitions (also in docs/evaluation.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,6 +71,8 @@ class Summary:
     elastic_jobs: int = 0
     resizes: dict[str, int] = field(default_factory=dict)
     resize_lost_gpu_h: float = 0.0
+    #: GPU-hours held by jobs (useful work, lost work and restarts).
+    served_gpu_h: float = 0.0
 
 
 def group_stats(records: Sequence[JobRecord]) -> GroupStats:
@@ -199,7 +202,24 @@ def summarize(result: SimResult, *, window_s: float = 6 * HOUR) -> Summary:
         elastic_jobs=sum(1 for r in records if r.gpu_max is not None),
         resizes=dict(sorted(result.resizes.items())),
         resize_lost_gpu_h=sum(r.resize_lost_gpu_s for r in records) / HOUR,
+        served_gpu_h=held / HOUR,
     )
+
+
+#: One start estimate: (job id, made at, predicted start or None, made at submission, low, high, GPUs).
+Prediction = tuple[str, float, float | None, bool, float | None, float | None, int]
+
+
+@dataclass(frozen=True)
+class IntervalAccuracy:
+    """Estimates of jobs that still had at least an hour to wait, relative to that wait."""
+
+    n: int
+    #: Median of |predicted - actual start| / actual remaining wait, and of the signed error.
+    median_abs_rel: float
+    median_signed_rel: float
+    #: Share of estimates whose p10-p90 interval held the actual start.
+    coverage: float
 
 
 @dataclass(frozen=True)
@@ -214,15 +234,34 @@ class EstimateAccuracy:
     while_waiting_median_abs_h: float
     while_waiting_p90_abs_h: float
     beyond_horizon: int
+    #: Of all scored estimates: the share within 10 minutes and within an hour of the actual start.
+    within_10min: float = float("nan")
+    within_1h: float = float("nan")
+    #: Estimates made at least an hour before the actual start, overall and by job size class.
+    long_wait: IntervalAccuracy | None = None
+    long_wait_by_size: dict[str, IntervalAccuracy] = field(default_factory=dict)
 
 
-def estimate_accuracy(predictions: Sequence[tuple[str, float, float | None, bool]], records: Sequence[JobRecord]) -> EstimateAccuracy:
-    """Score ``(job id, made at, predicted start or None, made at submission)`` against the run's actual first starts."""
+def _interval_accuracy(rows: list[tuple[float, float, float, float, float]]) -> IntervalAccuracy:
+    """``rows`` of (predicted, actual, low, high, remaining wait)."""
+    nan = float("nan")
+    if not rows:
+        return IntervalAccuracy(0, nan, nan, nan)
+    a = np.asarray(rows)
+    rel = (a[:, 0] - a[:, 1]) / a[:, 4]
+    covered = (a[:, 2] <= a[:, 1]) & (a[:, 1] <= a[:, 3])
+    return IntervalAccuracy(len(rows), float(np.median(np.abs(rel))), float(np.median(rel)), float(covered.mean()))
+
+
+def estimate_accuracy(predictions: Sequence[Prediction], records: Sequence[JobRecord]) -> EstimateAccuracy:
+    """Score :data:`Prediction` rows against the run's actual first starts."""
     actual = {r.id: r.first_start for r in records}
     sub: list[float] = []
     wait: list[float] = []
     beyond = 0
-    for job_id, _, predicted, at_submit in predictions:
+    long: list[tuple[float, float, float, float, float]] = []
+    by_size: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    for job_id, made_at, predicted, at_submit, low, high, gpus in predictions:
         real = actual.get(job_id)
         if real is None:
             continue
@@ -231,9 +270,19 @@ def estimate_accuracy(predictions: Sequence[tuple[str, float, float | None, bool
             continue
         err = (predicted - real) / HOUR
         (sub if at_submit else wait).append(err)
+        remaining = real - made_at
+        if remaining >= HOUR:
+            row = (predicted, real, predicted if low is None else low, math.inf if high is None else high, remaining)
+            long.append(row)
+            by_size.setdefault(size_class(gpus), []).append(row)
     a, b = np.asarray(sub), np.asarray(wait)
+    every = np.abs(np.concatenate([a, b])) if len(a) + len(b) else np.zeros(0)
     nan = float("nan")
     return EstimateAccuracy(
+        within_10min=float((every <= 10 / 60).mean()) if len(every) else nan,
+        within_1h=float((every <= 1.0).mean()) if len(every) else nan,
+        long_wait=_interval_accuracy(long),
+        long_wait_by_size={c: _interval_accuracy(by_size[c]) for c in SIZE_CLASSES if c in by_size},
         at_submit=len(a),
         at_submit_median_abs_h=float(np.median(np.abs(a))) if len(a) else nan,
         at_submit_p90_abs_h=float(np.percentile(np.abs(a), 90)) if len(a) else nan,

@@ -111,6 +111,24 @@ def markdown(runs: RunSet, plots: dict[str, str], *, heading: int = 1) -> str:
                 f"{_f(e.at_submit_median_signed_h)} | "
                 f"{e.while_waiting} | {_f(e.while_waiting_median_abs_h)} | {_f(e.while_waiting_p90_abs_h)} | {e.beyond_horizon} |"
             )
+        out += [
+            "",
+            "Estimates made at least an hour before the job started, relative to that remaining wait, by job size "
+            "(median absolute and signed error, and how often the p10-p90 interval held the start):",
+            "",
+            "| policy | size | estimates | median abs error | median signed error | interval coverage | within 10 min (all) "
+            "| within 1 h (all) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, e in runs.estimates.items():
+            rows = [("all", e.long_wait), *e.long_wait_by_size.items()]
+            for size, acc in rows:
+                if acc is None:
+                    continue
+                out.append(
+                    f"| {name} | {size} | {acc.n} | {acc.median_abs_rel:.1%} | {acc.median_signed_rel:+.1%} | {acc.coverage:.1%} | "
+                    f"{e.within_10min:.1%} | {e.within_1h:.1%} |"
+                )
         out.append("")
     out += [f"{h}# Simulator speed", "", *speed_table(runs), ""]
     bad = {n: r.invalid for n, r in runs.results.items() if r.invalid}

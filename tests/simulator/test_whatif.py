@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.core import Quota, Scheduler, TenantView
+from scheduler.core import Quota, Scheduler, SchedulerConfig, TenantView
 from scheduler.core.types import Snapshot
 from simulator.estimate import queue_estimates
 from simulator.whatif import (
@@ -129,6 +129,8 @@ def test_turning_backfill_off_delays_a_small_job_behind_the_head() -> None:
         [running("r", "n0", (0, 1, 2, 3), end=1000.0)],
         tenants=(),
     )
+    # In age order (no short-job boost, which would put the small job first anyway).
+    snap = dataclasses.replace(snap, config=SchedulerConfig(short_job_boost=0.0))
     result = run(snap, Proposal(policy=(("backfill", False),)))
     before, after = shifts(result)["small"]
     assert before == 0.0 and after is not None and after > before
