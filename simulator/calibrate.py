@@ -41,55 +41,68 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 class WaitCalibrator:
-    """Per band of predicted remaining wait: the latest outcomes of earlier estimates."""
+    """Per group (e.g. the job's size class) and band of predicted remaining wait: the latest outcomes of earlier estimates.
+
+    A band with too few samples of its own borrows the group's ratios (all its bands together), then
+    every group's; with none at all, the raw estimate stands.
+    """
 
     def __init__(self, *, window: int = 500, min_samples: int = 20, edges_s: Sequence[float] = BAND_EDGES_S) -> None:
         if window < 1 or min_samples < 1:
             raise ValueError(f"window and min_samples must be at least 1, got {window} and {min_samples}")
         self.edges = tuple(edges_s)
+        self.window = window
         self.min_samples = min_samples
-        #: Band 0 keeps actual remaining waits (seconds); the others actual / predicted remaining wait.
-        self._bands: list[deque[float]] = [deque(maxlen=window) for _ in range(len(self.edges) + 1)]
-        self._pooled: deque[float] = deque(maxlen=window * len(self.edges))
-        self._sorted: dict[int, list[float]] = {}
+        #: (group, band) -> samples: band 0 keeps actual remaining waits (seconds), the others actual / predicted.
+        self._bands: dict[tuple[str, int], deque[float]] = {}
+        #: Ratios of every band but 0, per group ("" for every group together).
+        self._pooled: dict[str, deque[float]] = {}
+        self._sorted: dict[tuple[str, int], list[float]] = {}
         self.observed = 0
 
     def _band(self, predicted_s: float) -> int:
         return bisect.bisect_right(self.edges, predicted_s)
 
-    def observe(self, predicted_s: float, actual_s: float) -> None:
+    def _keep(self, key: tuple[str, int], value: float) -> None:
+        samples = self._bands.get(key)
+        if samples is None:
+            samples = self._bands[key] = deque(maxlen=self.window)
+        samples.append(value)
+        self._sorted.pop(key, None)
+
+    def observe(self, predicted_s: float, actual_s: float, group: str = "") -> None:
         """An earlier estimate of ``predicted_s`` remaining wait whose job then started ``actual_s`` after it was made."""
         predicted_s, actual_s = max(0.0, predicted_s), max(0.0, actual_s)
         band = self._band(predicted_s)
         if band == 0:
-            self._bands[0].append(actual_s)
+            for pool in {group, ""}:
+                self._keep((pool, 0), actual_s)
         else:
             ratio = actual_s / predicted_s
-            self._bands[band].append(ratio)
-            self._pooled.append(ratio)
-            self._sorted.pop(-1, None)
-        self._sorted.pop(band, None)
+            self._keep((group, band), ratio)
+            for pool in {group, ""}:
+                samples = self._pooled.get(pool)
+                if samples is None:
+                    samples = self._pooled[pool] = deque(maxlen=self.window * (len(self.edges) + 1))
+                samples.append(ratio)
+                self._sorted.pop((pool, -1), None)
         self.observed += 1
 
-    def _values(self, band: int) -> list[float] | None:
-        """The band's sorted samples, the pooled ratios when it has too few, or None."""
-        if band not in self._sorted:
-            samples = self._bands[band]
-            if len(samples) >= self.min_samples:
-                self._sorted[band] = sorted(samples)
-            elif band > 0 and len(self._pooled) >= self.min_samples:
-                if -1 not in self._sorted:
-                    self._sorted[-1] = sorted(self._pooled)
-                return self._sorted[-1]
-            else:
+    def _sorted_of(self, key: tuple[str, int]) -> list[float] | None:
+        cached = self._sorted.get(key)
+        if cached is None:
+            samples = self._bands.get(key) if key[1] >= 0 else self._pooled.get(key[0])
+            if samples is None or len(samples) < self.min_samples:
                 return None
-        return self._sorted[band]
+            cached = self._sorted[key] = sorted(samples)
+        return cached
 
-    def interval(self, predicted_s: float, qs: Sequence[float] = QUANTILES) -> tuple[float, ...]:
+    def interval(self, predicted_s: float, group: str = "", qs: Sequence[float] = QUANTILES) -> tuple[float, ...]:
         """Remaining wait (seconds) at each quantile for a raw estimate of ``predicted_s``, in ``qs`` order (non-decreasing)."""
         predicted_s = max(0.0, predicted_s)
         band = self._band(predicted_s)
-        values = self._values(band)
+        keys = [(group, 0), ("", 0)] if band == 0 else [(group, band), (group, -1), ("", -1)]
+        values = next((v for v in map(self._sorted_of, keys) if v is not None), None)
         if values is None:
             return tuple(predicted_s for _ in qs)
         scale = 1.0 if band == 0 else predicted_s  # band 0 keeps waits, the others ratios

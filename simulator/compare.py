@@ -15,7 +15,7 @@ from simulator.fleet import Fleet
 from simulator.metrics import Prediction, estimate_accuracy, summarize
 from simulator.policies import get_policy
 from simulator.report import RunSet
-from simulator.workload import Workload, offered_load
+from simulator.workload import Workload, offered_load, size_class
 
 HOUR = 3600.0
 
@@ -47,8 +47,8 @@ class EstimatorProbe:
         self.max_steps = max_steps
         self.started = started
         self.calibrator = calibrator or WaitCalibrator()
-        #: Job id -> its raw estimates not yet scored: (made at, predicted remaining wait).
-        self.outstanding: dict[str, list[tuple[float, float]]] = {}
+        #: Job id -> its raw estimates not yet scored: (made at, predicted remaining wait, its size class).
+        self.outstanding: dict[str, list[tuple[float, float, str]]] = {}
         self.last = -float("inf")
         #: (job id, made at, predicted start or None, made at submission, low, high, GPUs)
         self.predictions: list[Prediction] = []
@@ -59,8 +59,8 @@ class EstimatorProbe:
         for job_id in list(self.outstanding):
             start = self.started(job_id)
             if start is not None:
-                for made_at, predicted in self.outstanding.pop(job_id):
-                    self.calibrator.observe(predicted, start - made_at)
+                for made_at, predicted, group in self.outstanding.pop(job_id):
+                    self.calibrator.observe(predicted, start - made_at, group)
 
     def __call__(self, snapshot: Snapshot, now: float, new_ids: list[str]) -> None:
         if now - self.last < self.every_s or not snapshot.pending:
@@ -79,8 +79,9 @@ class EstimatorProbe:
             if self.started is None:
                 self.predictions.append((job.id, now, raw, job.id in fresh, raw, raw, job.gpu_count))
                 continue
-            self.outstanding.setdefault(job.id, []).append((now, raw - now))
-            low, median, high = self.calibrator.interval(raw - now)
+            group = size_class(job.gpu_count)
+            self.outstanding.setdefault(job.id, []).append((now, raw - now, group))
+            low, median, high = self.calibrator.interval(raw - now, group)
             self.predictions.append((job.id, now, now + median, job.id in fresh, now + low, now + high, job.gpu_count))
 
 

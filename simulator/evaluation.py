@@ -22,6 +22,10 @@ from simulator.workload import SIZE_CLASSES
 
 DOCS = Path("docs")
 RUNS = (("load-70", "about 70 %"), ("load-100", "about 100 %"))
+#: Each load is run with these seeds: seed 0 in ``<run>``, the others in ``<run>-seed<N>``.
+SEEDS = (0, 1, 2)
+#: The baselines ours is held to (sjf is the oracle reference, not a rival).
+RIVALS = ("fifo", "priority", "multifactor", "drf", "las")
 #: Lower is better for these; higher for the rest.
 LOWER = {"avg_jct", "p99_wait", "avg_wait", "max_wait", "lost_gpu_h"}
 
@@ -133,6 +137,136 @@ def _estimates(data: dict[str, Any]) -> list[str]:
             f"{_f(e['at_submit_median_signed_h'])} | {e['while_waiting']} | {_f(e['while_waiting_median_abs_h'])} | "
             f"{_f(e['while_waiting_p90_abs_h'])} | {e['beyond_horizon']} |"
         )
+    lines += [
+        "",
+        "Estimates made at least an hour before the job started, relative to that remaining wait, by job size (GPUs):",
+        "",
+        "| policy | size | estimates | median abs error | median signed error | p10-p90 coverage | all: within 10 min | all: within 1 h |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, e in data["estimates"].items():
+        rows = [("all", e.get("long_wait")), *e.get("long_wait_by_size", {}).items()]
+        for size, acc in rows:
+            if not acc or not acc["n"]:
+                continue
+            lines.append(
+                f"| {name} | {size} | {acc['n']} | {acc['median_abs_rel']:.1%} | {acc['median_signed_rel']:+.1%} | "
+                f"{acc['coverage']:.1%} | {e['within_10min']:.1%} | {e['within_1h']:.1%} |"
+            )
+    return lines
+
+
+def _seed_runs(folder: Path, run: str) -> list[tuple[int, dict[str, Any]]]:
+    """(seed, summary.json) of every seed of a load that has been run."""
+    out = []
+    for seed in SEEDS:
+        path = folder / (run if seed == 0 else f"{run}-seed{seed}") / "summary.json"
+        if path.exists():
+            out.append((seed, json.loads(path.read_text())))
+    return out
+
+
+def _one_gpu_p99(summary: dict[str, Any]) -> float:
+    return float(summary["by_size"].get("1", {}).get("p99_wait", float("nan")))
+
+
+def _lost_share(summary: dict[str, Any]) -> float:
+    served = summary.get("served_gpu_h") or 0.0
+    return summary["lost_gpu_h"] / served if served else float("nan")
+
+
+def _spread(values: list[float], digits: int = 2, pct: bool = False) -> str:
+    """Mean (min-max) of the seeds' values."""
+    good = [v for v in values if not math.isnan(v)]
+    if not good:
+        return "-"
+    fmt = (lambda v: f"{v:.{max(digits - 2, 0)}%}") if pct else (lambda v: f"{v:.{digits}f}")
+    if len(good) == 1:
+        return fmt(good[0])
+    return f"{fmt(sum(good) / len(good))} ({fmt(min(good))}-{fmt(max(good))})"
+
+
+def _across_seeds(runs: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """Per policy: the seeds' mean and range of the headline metrics."""
+    names = list(runs[0][1]["summaries"])
+    lines = [
+        f"Seeds {', '.join(str(s) for s, _ in runs)}: mean (min-max) over the seeds.",
+        "",
+        "| policy | avg wait h | 1-GPU p99 wait h | max wait h | avg JCT h | Jain mean | GPU-h lost / served |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        per = [d["summaries"][name] for _, d in runs if name in d["summaries"]]
+        lines.append(
+            f"| {name} | {_spread([s['overall']['avg_wait'] for s in per])} | {_spread([_one_gpu_p99(s) for s in per])} | "
+            f"{_spread([s['overall']['max_wait'] for s in per])} | {_spread([s['overall']['avg_jct'] for s in per])} | "
+            f"{_spread([s['jain_mean'] for s in per], 3)} | {_spread([_lost_share(s) for s in per], 4, pct=True)} |"
+        )
+    return lines
+
+
+def _targets(runs: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """Ours against the scheduling-quality and estimator targets, seed by seed."""
+    seeds = [s for s, _ in runs]
+    lines = ["| target | " + " | ".join(f"seed {s}" for s in seeds) + " | met |", "|---|" + "---|" * len(seeds) + "---|"]
+
+    def row(label: str, cells: list[tuple[str, bool | None]]) -> None:
+        known = [ok for _, ok in cells if ok is not None]
+        met = "yes" if known and all(known) else ("no" if known else "-")
+        lines.append(
+            f"| {label} | " + " | ".join(text + (" ✓" if ok else " ✗" if ok is not None else "") for text, ok in cells) + f" | {met} |"
+        )
+
+    def ours(d: dict[str, Any]) -> dict[str, Any] | None:
+        return d["summaries"].get("ours")
+
+    cells: list[tuple[str, bool | None]] = []
+    for _, d in runs:
+        o = ours(d)
+        if o is None:
+            cells.append(("-", None))
+            continue
+        rivals = [d["summaries"][r]["overall"]["avg_wait"] for r in RIVALS if r in d["summaries"]]
+        sjf = d["summaries"].get("sjf", {}).get("overall", {}).get("avg_wait")
+        bound = min(rivals + ([2 * sjf] if sjf is not None else []))
+        cells.append((f"{o['overall']['avg_wait']:.2f} (bound {bound:.2f})", o["overall"]["avg_wait"] <= bound))
+    row("average wait at most every baseline's and 2x the sjf oracle's", cells)
+    cells = []
+    for _, d in runs:
+        o, mf = ours(d), d["summaries"].get("multifactor")
+        ok = None if o is None or mf is None else _one_gpu_p99(o) <= _one_gpu_p99(mf)
+        cells.append((f"{_one_gpu_p99(o):.2f} (multifactor {_one_gpu_p99(mf):.2f})" if o and mf else "-", ok))
+    row("1-GPU p99 wait at most multifactor's", cells)
+    cells = []
+    for _, d in runs:
+        o = ours(d)
+        others = [d["summaries"][r]["overall"]["max_wait"] for r in ("priority", "multifactor", "drf", "las", "sjf") if r in d["summaries"]]
+        if o is None or not others:
+            cells.append(("-", None))
+            continue
+        cells.append((f"{o['overall']['max_wait']:.2f} (best {min(others):.2f})", o["overall"]["max_wait"] <= min(others)))
+    row("maximum wait at most the best of priority, multifactor, drf, las and sjf", cells)
+    row(
+        "mean Jain index at least 0.98",
+        [(f"{o['jain_mean']:.3f}", o["jain_mean"] >= 0.98) if (o := ours(d)) else ("-", None) for _, d in runs],
+    )
+    row(
+        "GPU-hours lost to preemption at most 1 % of those served",
+        [(f"{_lost_share(o):.2%}", _lost_share(o) <= 0.01) if (o := ours(d)) else ("-", None) for _, d in runs],
+    )
+    est = [d.get("estimates", {}).get("ours", {}).get("long_wait") for _, d in runs]
+    row(
+        "estimates of waits of 1 h or more: median absolute error at most 25 % of the wait",
+        [(f"{e['median_abs_rel']:.1%}", e["median_abs_rel"] <= 0.25) if e else ("-", None) for e in est],
+    )
+    row(
+        "... the p10-p90 interval holds the start at least 80 % of the time",
+        [(f"{e['coverage']:.1%}", e["coverage"] >= 0.8) if e else ("-", None) for e in est],
+    )
+    row(
+        "... median signed error within ±10 % of the wait",
+        [(f"{e['median_signed_rel']:+.1%}", abs(e["median_signed_rel"]) <= 0.1) if e else ("-", None) for e in est],
+    )
     return lines
 
 
@@ -271,7 +405,9 @@ def doc(folder: Path, target: Path) -> None:
         "discretised 2D-LAS, preemptive, 1 h lease), `sjf` (shortest job first with oracle durations: the reference for",
         "average JCT). They share best-fit, topology-aware placement (`simulator/policies/placement.py`); ours uses its own.",
         "The queue-wait estimator (`simulator/estimate.py`, for the live API) forward-simulates the queue through the",
-        "policy with expected run times (the user limits); the runs below probe it every 6 simulated hours.",
+        "policy with learned run times, and calibrates the result from how its earlier estimates turned out",
+        "(`simulator/calibrate.py`: a bias-corrected median and a p10-p90 interval); the runs below probe it every 6",
+        "simulated hours.",
         "",
         "## How the runs are set up",
         "",
@@ -287,9 +423,11 @@ def doc(folder: Path, target: Path) -> None:
         "- **Fleet**: the SPEC default, 750 nodes / 5,000 GPUs (H100-80GB 250x8, A100-80GB 150x8, A100-40GB 100x8,",
         "  L40S 250x4), 16 nodes per leaf, 8 leaves per spine, each GPU type on its own leaves.",
         "- **Engine**: a cycle after any change of queue or capacity, on a 30 s grid, and every 300 s while jobs wait;",
-        "  a preempted or failed job loses the work since its last checkpoint and pays a 120 s restart; the policy sees",
-        "  user limits, not durations (except the SJF oracle). No node or GPU failures in these runs (`--node-mtbf-h`,",
-        "  `--gpu-mtbf-h` turn them on).",
+        "  a preempted or failed job loses the work since its last checkpoint and pays a 120 s restart; the policies see",
+        "  user limits, not durations (the SJF oracle excepted); ours also gets run times learned from the jobs finished",
+        "  so far (`scheduler.core.predict.RuntimePredictor`: the mean of the tenant's last two runs of the same size,",
+        "  the trace having no job names; doubled when outlived; never above the limit), as the placement service gets",
+        "  them from the store. No node or GPU failures in these runs (`--node-mtbf-h`, `--gpu-mtbf-h` turn them on).",
         "- **Metrics** (definitions in `simulator/metrics.py`): JCT = finish - submit; queueing delay = time waiting,",
         "  summed over attempts; utilisation = GPU-hours held / (fleet x makespan); util/bound = held over the",
         "  demand-limited bound sum_type min(capacity, demanded GPUs); Jain's index of held / weighted water-filled fair",
@@ -310,6 +448,10 @@ def doc(folder: Path, target: Path) -> None:
             setup.append(f"- production core measured: `scheduler/core/*.py` sha256 {core}{note}")
         out += [f"## {data['title']} ({label} of the fleet)", "", *setup, "", "Reproduce:", "", "```", data["command"], "```", ""]
         out += ["### Overall (hours)", "", *_headline(data), ""]
+        seeds = _seed_runs(folder, run)
+        if len(seeds) > 1:
+            out += ["### Across seeds", "", *_across_seeds(seeds), ""]
+        out += ["### Targets", "", *_targets(seeds), ""]
         out += ["### Queueing delay by job size: average / p99 (hours)", "", *_sizes(data), ""]
         out += ["### Where ours wins and where it loses", "", *_compare(data), ""]
         if data["estimates"]:
@@ -335,9 +477,10 @@ def doc(folder: Path, target: Path) -> None:
         "  results about priorities and preemption cost depend on them. Only two Philly jobs ask for more than 32 GPUs.",
         "- Cycles run on a 30 s grid (the service reacts in well under a second): waits shorter than that are rounded up.",
         "- A preempted job is stopped at once (no grace period); with SIGTERM-triggered checkpoints real losses are lower.",
-        "- The estimator is fed the users' limits (up to 2x the real run time, rounded up to a limit class), so it is",
-        "  pessimistic; it probes every 6 simulated hours with a 150-step (37.5 h) horizon, so few jobs are probed at the",
-        '  instant they arrive, and waits beyond the horizon count as "beyond horizon", not as errors.',
+        "- The estimator cannot know the jobs that arrive after an estimate (a fairer tenant's job goes first): the",
+        "  calibration corrects for that on average, from the run's own past. It probes every 6 simulated hours with a",
+        "  150-step (37.5 h) horizon, so few jobs are probed at the instant they arrive, and waits beyond the horizon",
+        '  count as "beyond horizon", not as errors.',
         "- Tenants' quotas are derived from their weights; a job blocked by its tenant's quota (rather than by capacity)",
         "  takes no reservation in the production core, so quota settings change how often ours backfills around it.",
         "- The 2D-LAS baseline uses a 1 h lease before a job may be preempted; it still preempts far more than ours.",

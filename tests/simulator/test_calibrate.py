@@ -64,3 +64,14 @@ def test_intervals_are_ordered_and_never_negative(history: list[tuple[float, flo
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="window"):
         WaitCalibrator(window=0)
+
+
+def test_groups_are_calibrated_apart_and_a_thin_group_borrows_from_all():
+    cal = WaitCalibrator(min_samples=3)
+    for _ in range(3):
+        cal.observe(3600.0, 2 * 3600.0, "1")  # one-GPU jobs start twice as late as predicted
+        cal.observe(3600.0, 0.5 * 3600.0, "9-32")  # gangs twice as early
+    assert cal.interval(3600.0, "1")[1] == pytest.approx(7200.0)
+    assert cal.interval(3600.0, "9-32")[1] == pytest.approx(1800.0)
+    low, _, high = cal.interval(3600.0, "2-8")  # no samples of its own: every group's ratios
+    assert low == pytest.approx(1800.0) and high == pytest.approx(7200.0)
