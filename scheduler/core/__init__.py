@@ -7,6 +7,7 @@ placement service, in tests and in the simulator.
 
 from scheduler.core.cycle import run_cycle
 from scheduler.core.incremental import Scheduler
+from scheduler.core.predict import Key, RuntimePredictor
 from scheduler.core.reasons import Pending, PendingReason, reason_text
 from scheduler.core.types import (
     Bind,
@@ -29,6 +30,7 @@ __all__ = [
     "Bind",
     "Decisions",
     "Fragmentation",
+    "Key",
     "Member",
     "NodeView",
     "Pending",
@@ -39,6 +41,7 @@ __all__ = [
     "Reservation",
     "Resize",
     "RunningJob",
+    "RuntimePredictor",
     "Scheduler",
     "SchedulerConfig",
     "Snapshot",
