@@ -58,7 +58,9 @@ from api import insight
 from api.schemas import JobPublic, QueueEntry
 from fairgang.settings import Settings
 from scheduler.core import Snapshot
+from scheduler.runtimes import LearnedRuntimes
 from scheduler.snapshot import SnapshotReader
+from simulator.estimate import INTERVAL_QUANTILES
 from store import jobs as stored_jobs
 from store import observability
 from store.db import Database
@@ -240,14 +242,24 @@ class QueueState:
 
 
 async def _queue(r: Round) -> Result:
-    snapshot = await r.snapshot()
-    names = await stored_jobs.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
-    learned = insight.learned_runtimes(await observability.finished_runtimes(r.db))
-    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, names, learned, r.now)
+    snapshot = await r.snapshot()  # with the run times the worker's reader learned (the placement service's predictor)
+    ratios = r.worker.reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES)
+    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, ratios, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = [
-        (j.tenant, QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id)).model_dump_json().encode())
+        (
+            j.tenant,
+            QueueEntry(
+                position=pos,
+                job=JobPublic.of(j),
+                estimated_start=view.estimated_start.get(j.id),
+                estimated_start_low=view.estimated_start_low.get(j.id),
+                estimated_start_high=view.estimated_start_high.get(j.id),
+            )
+            .model_dump_json()
+            .encode(),
+        )
         for pos, j in enumerate(jobs, start=1)
     ]
     state = QueueState(view=view)
@@ -261,19 +273,15 @@ async def _queue(r: Round) -> Result:
     return state, state, encode
 
 
-def _simulate(
-    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-) -> tuple[insight.QueueView, float]:
+def _simulate(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
     cpu = time.thread_time()
-    view = insight.estimate_queue(snapshot, names, learned, now)
+    view = insight.estimate_queue(snapshot, ratios, now)
     return view, time.thread_time() - cpu
 
 
-def _simulate_in_process(
-    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-) -> tuple[insight.QueueView, float]:
+def _simulate_in_process(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
     cpu = time.process_time()
-    view = insight.estimate_queue(snapshot, names, learned, now)
+    view = insight.estimate_queue(snapshot, ratios, now)
     return view, time.process_time() - cpu
 
 
@@ -524,7 +532,7 @@ class Refresher:
         self._not_before: dict[str, float] = {}
         self.computations: dict[str, int] = {}
         #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
-        self.reader = SnapshotReader()
+        self.reader = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0))
         self.reader_lock = asyncio.Lock()
         #: Held by a computation while it runs on the loop's thread (one at a time, so that each one's CPU time
         #: is its own); the forward simulation lets go of it while it runs elsewhere.
@@ -535,10 +543,8 @@ class Refresher:
         self._simulation_cpu_s = 0.0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    async def simulate(
-        self, snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-    ) -> tuple[insight.QueueView, float]:
-        """The forward simulation, with its CPU seconds: in a thread while it is cheap, else in a process of its own.
+    async def simulate(self, snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
+        """The forward simulations (median and interval), with their CPU seconds: in a thread while cheap, else in a process.
 
         Seconds of pure Python at scale: in a thread it would hold the worker's interpreter lock
         against the other views' computations (a cheap view a request waits for among them).
@@ -547,13 +553,13 @@ class Refresher:
         self.computing.release()  # the other views are computed meanwhile
         try:
             if self._simulation_cpu_s < PROCESS_CPU_S:
-                view, cpu = await asyncio.to_thread(_simulate, snapshot, names, learned, now)
+                view, cpu = await asyncio.to_thread(_simulate, snapshot, ratios, now)
             else:
                 if self._pool is None:
                     context = multiprocessing.get_context("spawn")
                     self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context)
                 loop = asyncio.get_running_loop()
-                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, names, learned, now)
+                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, ratios, now)
         finally:
             await self.computing.acquire()
         self._simulation_cpu_s = cpu
