@@ -14,7 +14,7 @@ import yaml
 from rich.live import Live
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console, flag
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console, flag, start_window
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import date_time as _date_time
@@ -71,7 +71,7 @@ def _wait_line(job: dict[str, Any]) -> str:
     if job.get("queue_position"):
         parts.append(f"position {job['queue_position']}")
     if job.get("estimated_start"):
-        parts.append(f"starts ~{_date_time(job['estimated_start'])}")
+        parts.append(f"starts {start_window(job.get('estimated_start_low'), job['estimated_start'], job.get('estimated_start_high'))}")
     if job.get("pending_reason"):
         parts.append(job["pending_reason"])
     return "  ".join(parts)
