@@ -196,6 +196,9 @@ def job(job_id: str, api_url: str = ApiUrl, token: str = Token, output: OutputFo
         if j.get("allocation"):
             members = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in j["allocation"]["members"])
             console.print(f"allocation {j['allocation']['id']} ({j['allocation']['state']}): {members}")
+        if j.get("queue_position"):
+            window = start_window(j.get("estimated_start_low"), j.get("estimated_start"), j.get("estimated_start_high"))
+            console.print(f"queue position {j['queue_position']}, starts {window}")
         console.print(f"max runtime {format_duration(j['spec']['max_runtime'])}   temporal {j['temporal_url']}")
         events = Table("TIME", "ATTEMPT", "EVENT", "MESSAGE")
         for e in j["events"]:

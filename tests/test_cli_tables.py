@@ -100,3 +100,29 @@ def test_the_queue_and_a_waiting_job_show_the_interval(monkeypatch: pytest.Monke
     line = cli_jobs._wait_line(job | {"state": "QUEUED", "attempt": 1, "queue_position": 1, **{k: v for k, v in row.items() if k != "job"}})
     assert line == "QUEUED  attempt 1  position 1  starts 12:30\u201314:00 UTC, most likely 13:00", line
     assert cli_fleet._queue_table([row | {"estimated_start": None}]).columns[7]._cells == ["unknown"]
+
+
+def test_fairgang_job_shows_a_waiting_jobs_position_and_start_interval(monkeypatch: pytest.MonkeyPatch, utc: None) -> None:
+    import httpx
+
+    from cli import jobs as cli_jobs
+    from cli.kit import OutputFormat
+
+    now = 1796212800.0  # 2026-12-02 12:00 UTC
+    monkeypatch.setattr(time, "time", lambda: now)
+    detail = {
+        "id": "j-1", "tenant": "alpha", "name": "train", "state": "QUEUED", "gpu_count": 8, "gpu_type": "H100", "attempt": 1,
+        "exit_code": None, "created_at": now - 60, "pending_reason": "waiting for GPUs", "spec": {"max_runtime": 3600.0},
+        "temporal_url": "http://temporal/j-1", "events": [], "allocation": None, "queue_position": 2,
+        "estimated_start": now + 3600, "estimated_start_low": now + 1800, "estimated_start_high": now + 7200,
+    }  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/jobs/j-1"
+        return httpx.Response(200, json=detail)
+
+    monkeypatch.setattr(cli_jobs, "_client", lambda url, token: httpx.Client(base_url="http://api", transport=httpx.MockTransport(answer)))
+    recorded = Console(width=300, record=True)
+    monkeypatch.setattr(cli_jobs, "console", recorded)
+    cli_jobs.job("j-1", api_url="http://api", token="t", output=OutputFormat.table)
+    assert "queue position 2, starts 12:30\u201314:00 UTC, most likely 13:00" in recorded.export_text()
