@@ -32,12 +32,6 @@ def runtime_keys(tenant: str, name: str) -> tuple[Key, Key]:
     return (tenant, name), (tenant,)
 
 
-def observe_runs(predictor: RuntimePredictor, runs: Iterable[observability.SuccessfulRun]) -> None:
-    """Feed successful runs (oldest first) to the predictor."""
-    for run in runs:
-        predictor.observe(runtime_keys(run.tenant, run.name), run.runtime_s, run.max_runtime_s)
-
-
 class LearnedRuntimes:
     """A predictor kept up to date from the store's successful runs (see the module docstring)."""
 
@@ -51,6 +45,16 @@ class LearnedRuntimes:
         self._last_event: int | None = None
         self._recent: set[int] = set()
         self._refreshed_at: float | None = None
+        #: Tenant -> how many of its runs were observed: a prediction for a job of the tenant made at one count holds
+        #: until the next (both its keys are the tenant's), so a reader recomputes only the jobs of tenants with news.
+        self.tenant_versions: dict[str, int] = {}
+
+    def observe(self, runs: Iterable[observability.SuccessfulRun]) -> None:
+        """Feed successful runs (oldest first) to the predictor."""
+        versions = self.tenant_versions
+        for run in runs:
+            self.predictor.observe(runtime_keys(run.tenant, run.name), run.runtime_s, run.max_runtime_s)
+            versions[run.tenant] = versions.get(run.tenant, 0) + 1
 
     async def refresh(self, db: Database, now: float, *, force: bool = False) -> bool:
         """Read the runs that ended since the last refresh, if ``refresh_s`` has passed (or ``force``); whether any was new."""
@@ -72,7 +76,7 @@ class LearnedRuntimes:
             if self._last_event is None:
                 self._last_event = 0
             return False
-        observe_runs(self.predictor, runs)
+        self.observe(runs)
         self._last_event = max(self._last_event or 0, max(r.event_id for r in runs))
         floor = self._last_event - REREAD_EVENTS
         self._recent = {i for i in self._recent if i > floor} | {r.event_id for r in runs if r.event_id > floor}

@@ -9,8 +9,8 @@ previous read, so the core's diff (``Scheduler.run_cycle``) costs what changed.
 
 Learned run times (``scheduler.runtimes``): every waiting job gets ``expected_runtime_s`` and every running
 job ``expected_end = started_at + predict(keys, max runtime, elapsed)`` (never past its max runtime), from
-the reader's predictor. A prediction is kept until the predictor learns a new run or, for a running job,
-until the job outlives it (the correction steps it up), so unchanged jobs keep their views.
+the reader's predictor. A prediction is kept until the predictor learns a new run of the job's tenant or, for a running
+job, until the job outlives it (the correction steps it up), so unchanged jobs keep their views.
 
 A fresh reader gives the same snapshot as a long-lived one (tests/scheduler/test_snapshot_incremental.py
 drives both through the same changes, with usage integrated from every allocation row as the reference).
@@ -72,9 +72,9 @@ class SnapshotReader:
     def __init__(self, *, runtimes: LearnedRuntimes | None = None) -> None:
         #: The learned run times (kept up to date from the store at each read, at most every ``refresh_s``).
         self.runtimes = runtimes or LearnedRuntimes()
-        #: Job id -> (predictor version, expected run time) of a waiting job.
+        #: Job id -> (its tenant's count of observed runs, expected run time) of a waiting job.
         self._expected: dict[str, tuple[int, float]] = {}
-        #: Allocation id -> (predictor version, its limit's end, expected end) of a running job; recomputed once
+        #: Allocation id -> (its tenant's count of observed runs, its limit's end, expected end) of a running job; recomputed once
         #: outlived, or when its start moves (a bound job starts running).
         self._ends: dict[str, tuple[int, float, float]] = {}
         self._facts: dict[str, JobFacts] = {}
@@ -196,12 +196,13 @@ class SnapshotReader:
         reasons: dict[str, str | None] = {}
         codes: dict[str, str | None] = {}
         predictor = self.runtimes.predictor
-        version = predictor.version
+        versions = self.runtimes.tenant_versions
         old_expected = self._expected
         self._expected = {}
         for row in rows.queued:
             job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code, gpu_max = row
             known = old_expected.get(job_id)
+            version = versions.get(tenant, 0)
             if known is None or known[0] != version:
                 facts = self._facts[job_id]
                 known = (version, predictor.predict(runtime_keys(tenant, facts.name), facts.max_runtime_s))
@@ -242,11 +243,12 @@ class SnapshotReader:
         self._running = {}
         self.allocation_ids = {row[1]: row[0] for row in rows.live}
         predictor = self.runtimes.predictor
-        version = predictor.version
+        versions = self.runtimes.tenant_versions
         old_ends = self._ends
         self._ends = {}
         for row in rows.live:
             alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at, resized_from = row
+            version = versions.get(tenant, 0)
             started = started_at if started_at is not None and job_attempt == attempt else created_at
             known = old_ends.get(alloc_id)
             facts = self._facts[job_id]

@@ -117,12 +117,9 @@ async def successful_runs(db: Database, *, after_event: int | None = None, limit
     query = (
         select(col(JobEvent.id), col(Job.tenant), col(Job.name), col(Job.started_at), col(Job.finished_at), max_runtime)
         .join(Job, col(Job.id) == col(JobEvent.job_id))
-        .where(
-            col(JobEvent.kind) == JobState.SUCCEEDED.value,
-            col(Job.state) == JobState.SUCCEEDED.value,
-            col(Job.started_at).is_not(None),
-            col(Job.finished_at).is_not(None),
-        )
+        # Not filtered on the job's state: its SUCCEEDED event is written with that terminal state, which never changes,
+        # and a filter there would have the planner read every successful job instead of the newest events.
+        .where(col(JobEvent.kind) == JobState.SUCCEEDED.value, col(Job.started_at).is_not(None), col(Job.finished_at).is_not(None))
     )
     if after_event is None:
         query = query.order_by(col(JobEvent.id).desc())
