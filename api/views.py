@@ -8,8 +8,9 @@ answers heartbeats and submissions). The worker computes a view when a request a
 again whenever the store's version moves (``store.observability.view_version``: the change feed and the
 newest job and health events) and at least every ``MAX_AGE_S`` while anyone asks; a view
 nobody asked for in ``IDLE_S`` is no longer refreshed. It keeps what it read between
-computations (the scheduler's ``SnapshotReader``), so a recomputation after a change reads
-narrow rows and decodes only the jobs and allocations that are new.
+computations (the scheduler's ``SnapshotReader``, with its run-time predictor, refreshed at every
+read), so a recomputation after a change reads narrow rows and decodes only the jobs, allocations and
+successful runs that are new.
 
 It sends each view to the API process already encoded (the whole answer, and the per-caller
 parts: a tenant's rows), over a pipe that a thread of the API process reads; handlers answer
@@ -23,8 +24,9 @@ scrapers cost what one does. Each view is stamped with the time its computation 
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the worker recomputes it;
 - the worker computes one view at a time on its loop's thread, views a request waits for
-  first; the queue's forward simulation (seconds of CPU at scale) runs in a thread, or in a
-  process of its own once it cost more than ``PROCESS_CPU_S``, while the others are computed;
+  first; the queue's forward simulations (three: the most likely start and its p10-p90 interval;
+  seconds of CPU at scale) run in a thread, or in a process of its own once they cost more than
+  ``PROCESS_CPU_S``, while the others are computed;
 - the worker spends at most about a third of its time on one view: a computation that took
   ``t`` seconds is not started again within ``REST_FACTOR * t`` seconds of its end;
 - a failed computation, or a worker that died, is answered 503 (``ViewUnavailable``) to the
