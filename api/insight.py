@@ -3,17 +3,17 @@
 The same views feed ``/v1/fleet``, ``/v1/queue``, ``/v1/tenants``, ``/metrics`` and the
 dashboard, so that they always agree; the API answers them from ``api.views`` (computed by a
 view worker process, cached with the time they were computed). Queue-wait estimates (R7.2) come from
-``simulator.estimate``: a forward simulation of the current queue with the production
-core (one ``Scheduler`` across the forward steps) and expected run times learned per tenant and job name.
+``simulator.estimate``: forward simulations of the current queue with the production core (one
+``Scheduler`` across the forward steps) and the run times the snapshot reader learned
+(``scheduler.runtimes``: the placement service's predictor), once per error quantile of that predictor
+(p10, p50, p90): a median start and an interval per waiting job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import statistics
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,16 +26,15 @@ from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
 from scheduler.snapshot import SnapshotReader, build_snapshot
-from simulator.estimate import queue_estimates
-from store import jobs, observability
+from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals
 from store.db import Database
 from store.models import Allocation, AllocationGpu, Gpu, HealthEvent, Node
 
-#: How many of a (tenant, job name)'s latest successful runs its expected run time is learned from.
-HISTORY_PER_KEY = 20
 #: The forward simulation's grid (seconds between two policy calls) and its limits.
 ESTIMATE_STEP_S = 30.0
 ESTIMATE_MAX_STEPS = 400
+#: The grid of the interval's low and high forward simulations (coarser: three simulations cost about two).
+ESTIMATE_BOUND_STEP_S = 120.0
 
 
 def size_class(gpu_count: int) -> str:
@@ -45,42 +44,22 @@ def size_class(gpu_count: int) -> str:
     return "2-8" if gpu_count <= 8 else "9+"
 
 
-def learned_runtimes(history: Iterable[tuple[str, str, float]]) -> dict[tuple[str, str], float]:
-    """(tenant, job name) -> the median run time of its latest successful runs (newest first in ``history``)."""
-    runs: dict[tuple[str, str], list[float]] = {}
-    for tenant, name, seconds in history:
-        bucket = runs.setdefault((tenant, name), [])
-        if len(bucket) < HISTORY_PER_KEY:
-            bucket.append(seconds)
-    return {key: float(statistics.median(values)) for key, values in runs.items()}
-
-
-def with_expected_runtimes(snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float]) -> Snapshot:
-    """The snapshot with learned run times (capped by each job's max runtime) for waiting and running jobs."""
-    pending = []
-    for job in snapshot.pending:
-        expected = learned.get(names.get(job.id, ("", "")))
-        pending.append(job if expected is None else dataclasses.replace(job, expected_runtime_s=min(expected, job.max_runtime_s)))
-    running = []
-    for run in snapshot.running:
-        expected = learned.get(names.get(run.id, ("", "")))
-        end = run.expected_end if expected is None else min(run.expected_end, run.started_at + expected)
-        running.append(dataclasses.replace(run, expected_end=end))
-    return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
-
-
 @dataclass(frozen=True)
 class QueueView:
     """The queue in scheduling order, with predicted starts."""
 
     #: Job id -> position in the scheduler's order (1 = next).
     position: dict[str, int]
-    #: Job id -> predicted start (UNIX seconds); absent: not within the estimator's horizon.
+    #: Job id -> predicted start (UNIX seconds), the median; absent: not within the estimator's horizon.
     estimated_start: dict[str, float]
+    #: Job id -> the predicted start's interval (p10 and p90 of the run-time errors); absent: beyond the horizon.
+    estimated_start_low: dict[str, float] = dataclasses.field(default_factory=dict)
+    estimated_start_high: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: SnapshotReader | None = None) -> Snapshot:
-    """The snapshot the placement service would read now; a kept ``reader`` reads only what changed since its last read."""
+    """The snapshot the placement service would read now, with learned run times; a kept ``reader`` reads only what
+    changed since its last read."""
     if reader is None:
         snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s)
     else:
@@ -89,25 +68,42 @@ async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: 
     return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
 
 
-async def queue_view(db: Database, settings: Settings, *, now: float | None = None, snapshot: Snapshot | None = None) -> QueueView:
+async def queue_view(db: Database, settings: Settings, *, now: float | None = None) -> QueueView:
     """Positions and estimated starts of every waiting job (the forward simulation runs in a worker thread).
 
     Uncached: the API answers from ``api.views``, whose worker computes the queue itself (with a kept snapshot reader).
     """
     now = time.time() if now is None else now
-    snapshot = snapshot or await snapshot_now(db, settings, now)
-    names = await jobs.job_names(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
-    learned = learned_runtimes(await observability.finished_runtimes(db))
-    return await asyncio.to_thread(estimate_queue, snapshot, names, learned, now)
+    reader = SnapshotReader()
+    snapshot = await snapshot_now(db, settings, now, reader=reader)
+    return await asyncio.to_thread(estimate_queue, snapshot, reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES), now)
 
 
-def estimate_queue(snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float) -> QueueView:
-    """The queue's order and the forward simulation's predicted starts (pure; CPU-heavy at scale)."""
-    snapshot = with_expected_runtimes(snapshot, names, learned)
+def estimate_queue(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> QueueView:
+    """The queue's order and the forward simulations' predicted starts (pure; CPU-heavy at scale).
+
+    ``snapshot`` carries the learned run times; ``ratios`` are the run-time predictor's error ratios at
+    ``INTERVAL_QUANTILES`` (low, median, high).
+    """
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
-    # One Scheduler across the forward steps: each step changes a few jobs, not the fleet.
-    estimates = queue_estimates(snapshot, now, Scheduler().run_cycle, step_s=ESTIMATE_STEP_S, max_steps=ESTIMATE_MAX_STEPS)
-    return QueueView(position=position, estimated_start={e.job_id: max(e.start_at, now) for e in estimates if e.start_at is not None})
+
+    def policy() -> Policy:
+        # One Scheduler across the forward steps of a simulation: each step changes a few jobs, not the fleet.
+        return Scheduler().run_cycle
+
+    intervals = estimate_intervals(
+        snapshot,
+        now,
+        policy,
+        ratios=ratios,
+        step_s=ESTIMATE_STEP_S,
+        bound_step_s=ESTIMATE_BOUND_STEP_S,
+        max_steps=ESTIMATE_MAX_STEPS,
+    )
+    median = {job_id: m for job_id, (_, m, _) in intervals.items() if m is not None}
+    low = {job_id: lo for job_id, (lo, _, _) in intervals.items() if lo is not None}
+    high = {job_id: hi for job_id, (_, _, hi) in intervals.items() if hi is not None}
+    return QueueView(position=position, estimated_start=median, estimated_start_low=low, estimated_start_high=high)
 
 
 # ---------------------------------------------------------------- tenants

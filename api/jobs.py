@@ -168,10 +168,11 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
     allocations = [AllocationPublic.of(a) for a in await stored_jobs.job_allocations(state.db, job_id)]
     current = next((a for a in reversed(allocations) if a.attempt == job.attempt), None)
     events = [EventPublic.of(e) for e in await stored_jobs.job_events(state.db, job_id)]
-    position = estimated = None
+    position = estimated = low = high = None
     if job.state == JobState.QUEUED.value and job.workflow_started:
         queue = (await state.views.get("queue", state.db)).value.view
         position, estimated = queue.position.get(job.id), queue.estimated_start.get(job.id)
+        low, high = queue.estimated_start_low.get(job.id), queue.estimated_start_high.get(job.id)
     return JobDetail(
         **JobPublic.of(job).model_dump(),
         allocation=current,
@@ -180,6 +181,8 @@ async def show_job(state: State, who: Caller, job_id: str) -> JobDetail:
         temporal_url=temporal_url(state.settings, job.id),
         queue_position=position,
         estimated_start=estimated,
+        estimated_start_low=low,
+        estimated_start_high=high,
         gpus_now=sum(len(m["gpu_indices"]) for m in current.members)
         if current and current.state in (*LIVE_ALLOCATION_STATES, REVOKED)
         else None,

@@ -101,9 +101,12 @@ class JobDetail(JobPublic):
     allocations: list[AllocationPublic]
     events: list[EventPublic]
     temporal_url: str
-    #: While QUEUED: the job's place in the scheduler's order (1 = next) and its predicted start (SPEC R7.2).
+    #: While QUEUED: the job's place in the scheduler's order (1 = next) and its predicted start (SPEC R7.2): the
+    #: median, and the interval from the p10 to the p90 of the run-time predictor's errors.
     queue_position: int | None = None
     estimated_start: float | None = None
+    estimated_start_low: float | None = None
+    estimated_start_high: float | None = None
     #: GPUs its live allocation holds now (an elastic job's current size); None while it holds none.
     gpus_now: int | None = None
 
@@ -132,8 +135,13 @@ class PreemptResult(BaseModel):
 class QueueEntry(BaseModel):
     position: int
     job: JobPublic
-    #: Predicted start (UNIX seconds) from a forward simulation of the queue; None: beyond the estimator's horizon.
+    #: Predicted start (UNIX seconds) from a forward simulation of the queue with learned run times (the median);
+    #: None: beyond the estimator's horizon.
     estimated_start: float | None = None
+    #: Its interval: the starts with every remaining run time scaled by the p10 and the p90 of the run-time
+    #: predictor's error ratios (low <= estimated_start <= high; None: beyond the horizon).
+    estimated_start_low: float | None = None
+    estimated_start_high: float | None = None
 
 
 #: Most GPUs one node may have, and most allocations one agent may report running.

@@ -8,8 +8,9 @@ answers heartbeats and submissions). The worker computes a view when a request a
 again whenever the store's version moves (``store.observability.view_version``: the change feed and the
 newest job and health events) and at least every ``MAX_AGE_S`` while anyone asks; a view
 nobody asked for in ``IDLE_S`` is no longer refreshed. It keeps what it read between
-computations (the scheduler's ``SnapshotReader``), so a recomputation after a change reads
-narrow rows and decodes only the jobs and allocations that are new.
+computations (the scheduler's ``SnapshotReader``, with its run-time predictor, refreshed at every
+read), so a recomputation after a change reads narrow rows and decodes only the jobs, allocations and
+successful runs that are new.
 
 It sends each view to the API process already encoded (the whole answer, and the per-caller
 parts: a tenant's rows), over a pipe that a thread of the API process reads; handlers answer
@@ -23,8 +24,9 @@ scrapers cost what one does. Each view is stamped with the time its computation 
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the worker recomputes it;
 - the worker computes one view at a time on its loop's thread, views a request waits for
-  first; the queue's forward simulation (seconds of CPU at scale) runs in a thread, or in a
-  process of its own once it cost more than ``PROCESS_CPU_S``, while the others are computed;
+  first; the queue's forward simulations (three: the most likely start and its p10-p90 interval;
+  seconds of CPU at scale) run in a thread, or in a process of its own once they cost more than
+  ``PROCESS_CPU_S``, while the others are computed;
 - the worker spends at most about a third of its time on one view: a computation that took
   ``t`` seconds is not started again within ``REST_FACTOR * t`` seconds of its end;
 - a failed computation, or a worker that died, is answered 503 (``ViewUnavailable``) to the
@@ -58,7 +60,9 @@ from api import insight
 from api.schemas import JobPublic, QueueEntry
 from fairgang.settings import Settings
 from scheduler.core import Snapshot
+from scheduler.runtimes import LearnedRuntimes
 from scheduler.snapshot import SnapshotReader
+from simulator.estimate import INTERVAL_QUANTILES
 from store import jobs as stored_jobs
 from store import observability
 from store.db import Database
@@ -240,14 +244,24 @@ class QueueState:
 
 
 async def _queue(r: Round) -> Result:
-    snapshot = await r.snapshot()
-    names = await stored_jobs.job_names(r.db, [j.id for j in snapshot.pending] + [x.id for x in snapshot.running])
-    learned = insight.learned_runtimes(await observability.finished_runtimes(r.db))
-    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, names, learned, r.now)
+    snapshot = await r.snapshot()  # with the run times the worker's reader learned (the placement service's predictor)
+    ratios = r.worker.reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES)
+    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, ratios, r.now)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = [
-        (j.tenant, QueueEntry(position=pos, job=JobPublic.of(j), estimated_start=view.estimated_start.get(j.id)).model_dump_json().encode())
+        (
+            j.tenant,
+            QueueEntry(
+                position=pos,
+                job=JobPublic.of(j),
+                estimated_start=view.estimated_start.get(j.id),
+                estimated_start_low=view.estimated_start_low.get(j.id),
+                estimated_start_high=view.estimated_start_high.get(j.id),
+            )
+            .model_dump_json()
+            .encode(),
+        )
         for pos, j in enumerate(jobs, start=1)
     ]
     state = QueueState(view=view)
@@ -261,19 +275,15 @@ async def _queue(r: Round) -> Result:
     return state, state, encode
 
 
-def _simulate(
-    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-) -> tuple[insight.QueueView, float]:
+def _simulate(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
     cpu = time.thread_time()
-    view = insight.estimate_queue(snapshot, names, learned, now)
+    view = insight.estimate_queue(snapshot, ratios, now)
     return view, time.thread_time() - cpu
 
 
-def _simulate_in_process(
-    snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-) -> tuple[insight.QueueView, float]:
+def _simulate_in_process(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
     cpu = time.process_time()
-    view = insight.estimate_queue(snapshot, names, learned, now)
+    view = insight.estimate_queue(snapshot, ratios, now)
     return view, time.process_time() - cpu
 
 
@@ -524,7 +534,7 @@ class Refresher:
         self._not_before: dict[str, float] = {}
         self.computations: dict[str, int] = {}
         #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
-        self.reader = SnapshotReader()
+        self.reader = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0))
         self.reader_lock = asyncio.Lock()
         #: Held by a computation while it runs on the loop's thread (one at a time, so that each one's CPU time
         #: is its own); the forward simulation lets go of it while it runs elsewhere.
@@ -535,10 +545,8 @@ class Refresher:
         self._simulation_cpu_s = 0.0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    async def simulate(
-        self, snapshot: Snapshot, names: dict[str, tuple[str, str]], learned: dict[tuple[str, str], float], now: float
-    ) -> tuple[insight.QueueView, float]:
-        """The forward simulation, with its CPU seconds: in a thread while it is cheap, else in a process of its own.
+    async def simulate(self, snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
+        """The forward simulations (median and interval), with their CPU seconds: in a thread while cheap, else in a process.
 
         Seconds of pure Python at scale: in a thread it would hold the worker's interpreter lock
         against the other views' computations (a cheap view a request waits for among them).
@@ -547,13 +555,13 @@ class Refresher:
         self.computing.release()  # the other views are computed meanwhile
         try:
             if self._simulation_cpu_s < PROCESS_CPU_S:
-                view, cpu = await asyncio.to_thread(_simulate, snapshot, names, learned, now)
+                view, cpu = await asyncio.to_thread(_simulate, snapshot, ratios, now)
             else:
                 if self._pool is None:
                     context = multiprocessing.get_context("spawn")
                     self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context)
                 loop = asyncio.get_running_loop()
-                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, names, learned, now)
+                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, ratios, now)
         finally:
             await self.computing.acquire()
         self._simulation_cpu_s = cpu

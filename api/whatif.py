@@ -31,8 +31,8 @@ from fairgang.settings import Settings
 from scheduler.core import Quota, Reservation, SchedulerConfig, Snapshot
 from scheduler.snapshot import SnapshotReader
 from simulator import whatif
-from store import jobs as stored_jobs
-from store import observability, usage
+from simulator.estimate import INTERVAL_QUANTILES
+from store import usage
 from store.db import Database
 from store.models import UsageLedger
 
@@ -117,13 +117,6 @@ def service_config(settings: Settings) -> SchedulerConfig:
     return SchedulerConfig(**given)
 
 
-async def with_expected_runtimes(db: Database, snapshot: Snapshot) -> Snapshot:
-    """The snapshot with each waiting and running job's expected run time, as the queue view gives them."""
-    names = await stored_jobs.job_names(db, [j.id for j in snapshot.pending] + [r.id for r in snapshot.running])
-    learned = insight.learned_runtimes(await observability.finished_runtimes(db))
-    return insight.with_expected_runtimes(snapshot, names, learned)
-
-
 async def decayed_usage(db: Database, *, half_life: float, now: float) -> dict[str, dict[str, float]]:
     """Past usage at ``half_life``, read without writing: from its ledger if one is kept, else from the allocation rows."""
     async with db.sessions() as session:
@@ -154,12 +147,15 @@ class _GivenUsage(SnapshotReader):
         return await super().read(db, now=now, stale_after_s=stale_after_s, config=config, reservations=reservations, decayed=given)
 
 
-async def live_snapshot(db: Database, settings: Settings, now: float) -> Snapshot:
-    """The queue, running jobs and fleet now, with expected run times, under the placement service's policy."""
+async def live_snapshot(db: Database, settings: Settings, now: float) -> tuple[Snapshot, float]:
+    """The queue, running jobs and fleet now, with expected run times, under the placement service's policy; and the
+    run-time predictor's median error ratio (the queue view's median forecast scales remaining run times by it)."""
     config = service_config(settings)
     decayed = await decayed_usage(db, half_life=config.usage_half_life_s, now=now)
-    snapshot = await insight.snapshot_now(db, settings, now, reader=_GivenUsage(decayed))
-    return await with_expected_runtimes(db, dataclasses.replace(snapshot, config=config))
+    reader = _GivenUsage(decayed)
+    snapshot = await insight.snapshot_now(db, settings, now, reader=reader)
+    ratio = reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES)[1]
+    return dataclasses.replace(snapshot, config=config), ratio
 
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -193,7 +189,13 @@ def _replay_pool() -> concurrent.futures.ProcessPoolExecutor:
 
 
 async def replay(
-    snapshot: Snapshot, proposal: whatif.Proposal, now: float, *, horizon_s: float, decayed: dict[str, dict[str, float]] | None
+    snapshot: Snapshot,
+    proposal: whatif.Proposal,
+    now: float,
+    *,
+    horizon_s: float,
+    decayed: dict[str, dict[str, float]] | None,
+    ratio: float = 1.0,
 ) -> whatif.WhatIf:
     """``simulator.whatif.what_if``, its two replays side by side in processes of their own (kept; what-ifs take
     turns): seconds of pure Python on a large fleet, which must not hold the API's interpreter lock (as the queue
@@ -204,7 +206,9 @@ async def replay(
     loop = asyncio.get_running_loop()
 
     def run(snap: Snapshot) -> asyncio.Future[dict[str, float]]:
-        call = functools.partial(whatif.replay, snap, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS)
+        call = functools.partial(
+            whatif.replay, snap, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS, ratio=ratio
+        )
         return loop.run_in_executor(pool, call)
 
     try:
@@ -259,13 +263,13 @@ async def what_if(state: State, who: Caller, body: WhatIfRequest) -> WhatIfAnswe
     except whatif.ProposalError as err:
         raise _refused(err) from None
     now = time.time()
-    snapshot = await live_snapshot(state.db, state.settings, now)
+    snapshot, ratio = await live_snapshot(state.db, state.settings, now)
     decayed = None
     half_life = dict(proposal.policy).get("usage_half_life_s")
     if half_life is not None and half_life != snapshot.config.usage_half_life_s:
         decayed = await decayed_usage(state.db, half_life=float(half_life), now=now)
     try:
-        result = await replay(snapshot, proposal, now, horizon_s=body.hours * 3600.0, decayed=decayed)
+        result = await replay(snapshot, proposal, now, horizon_s=body.hours * 3600.0, decayed=decayed, ratio=ratio)
     except whatif.ProposalError as err:
         raise _refused(err) from None
     return WhatIfAnswer(

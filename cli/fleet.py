@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console, flag
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, flag, start_window
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import emit as _emit
@@ -57,7 +57,9 @@ def _queue_table(rows: list[dict[str, Any]], limit: int | None = None) -> Table:
     for r in rows[:limit]:
         j = r["job"]
         eta = r.get("estimated_start")
-        when = "unknown" if eta is None else ("now" if eta <= now + 1 else f"{_ts(eta)} (in {format_duration(eta - now)})")
+        when = start_window(r.get("estimated_start_low"), eta, r.get("estimated_start_high"), now)
+        if eta is not None and eta > now + 1:
+            when += f" (in {format_duration(eta - now)})"
         table.add_row(
             str(r["position"]), j["id"], j["tenant"], j["name"], f"{j['gpu_count']}x{j['gpu_type']}",
             str(j["priority"]), format_duration(now - j["created_at"]), when, j.get("pending_reason") or "",

@@ -14,7 +14,7 @@ import yaml
 from rich.live import Live
 from rich.table import Table
 
-from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console, flag
+from cli.kit import ApiUrl, Output, OutputFormat, Token, console, err_console, flag, start_window
 from cli.kit import check as _check
 from cli.kit import client as _client
 from cli.kit import date_time as _date_time
@@ -71,7 +71,7 @@ def _wait_line(job: dict[str, Any]) -> str:
     if job.get("queue_position"):
         parts.append(f"position {job['queue_position']}")
     if job.get("estimated_start"):
-        parts.append(f"starts ~{_date_time(job['estimated_start'])}")
+        parts.append(f"starts {start_window(job.get('estimated_start_low'), job['estimated_start'], job.get('estimated_start_high'))}")
     if job.get("pending_reason"):
         parts.append(job["pending_reason"])
     return "  ".join(parts)
@@ -196,6 +196,9 @@ def job(job_id: str, api_url: str = ApiUrl, token: str = Token, output: OutputFo
         if j.get("allocation"):
             members = ", ".join(f"{m['node_id']}[{','.join(map(str, m['gpu_indices']))}]" for m in j["allocation"]["members"])
             console.print(f"allocation {j['allocation']['id']} ({j['allocation']['state']}): {members}")
+        if j.get("queue_position"):
+            window = start_window(j.get("estimated_start_low"), j.get("estimated_start"), j.get("estimated_start_high"))
+            console.print(f"queue position {j['queue_position']}, starts {window}")
         console.print(f"max runtime {format_duration(j['spec']['max_runtime'])}   temporal {j['temporal_url']}")
         events = Table("TIME", "ATTEMPT", "EVENT", "MESSAGE")
         for e in j["events"]:

@@ -85,6 +85,35 @@ def date_time(value: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(value)) if value else "-"
 
 
+#: Between the two ends of an interval.
+EN_DASH = "\u2013"
+
+
+def start_window(low: float | None, median: float | None, high: float | None, now: float | None = None) -> str:
+    """A predicted start with its interval, in local time: "14:30\u201316:10 UTC, most likely 15:05" (with dates when
+    not all today; "now" for a time already come; "unknown" without a median: beyond the estimator's horizon)."""
+    if median is None:
+        return "unknown"
+    now = time.time() if now is None else now
+    known = [t for t in (low, median, high) if t is not None]
+    today = time.strftime("%Y-%m-%d", time.localtime(now))
+    same_day = all(time.strftime("%Y-%m-%d", time.localtime(t)) == today for t in known)
+    fmt = "%H:%M" if same_day else "%Y-%m-%d %H:%M"
+
+    def clock(t: float) -> str:
+        return "now" if t <= now + 1 else time.strftime(fmt, time.localtime(t))
+
+    zone = time.strftime("%Z", time.localtime(median))
+    first = clock(low if low is not None else median)
+    last = clock(high) if high is not None else None
+    likely = clock(median)
+    if last == first:
+        return likely if likely == "now" else f"{likely} {zone}"
+    if last is None:
+        return f"{first} or later {zone}, most likely {likely}"
+    return f"{first}{EN_DASH}{last} {zone}, most likely {likely}"
+
+
 def emit(data: Any, output: str, table: Any, wide: Any = None) -> None:
     """Print ``data`` (the API's answer) as ``output`` asks: ``table`` and ``wide`` (``wide`` if given, else
     ``table``, on a console as wide as the rows) are callables that print it."""

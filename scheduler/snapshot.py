@@ -7,6 +7,11 @@ the history. What never changes once written is read once and kept: a job's spec
 fields, an allocation's members. Views that did not change are the very objects of the
 previous read, so the core's diff (``Scheduler.run_cycle``) costs what changed.
 
+Learned run times (``scheduler.runtimes``): every waiting job gets ``expected_runtime_s`` and every running
+job ``expected_end = started_at + predict(keys, max runtime, elapsed)`` (never past its max runtime), from
+the reader's predictor. A prediction is kept until the predictor learns a new run of the job's tenant or, for a running
+job, until the job outlives it (the correction steps it up), so unchanged jobs keep their views.
+
 A fresh reader gives the same snapshot as a long-lived one (tests/scheduler/test_snapshot_incremental.py
 drives both through the same changes, with usage integrated from every allocation row as the reference).
 """
@@ -19,6 +24,7 @@ from typing import Any
 from fairgang.liveness import node_schedulable
 from fairgang.spec import JobSpec, stored_spec
 from scheduler.core import Member, NodeView, PendingJob, Quota, Reservation, RunningJob, SchedulerConfig, Snapshot, TenantView
+from scheduler.runtimes import LearnedRuntimes, runtime_keys
 from store import snapshot as rows_of
 from store import usage
 from store.db import Database
@@ -35,6 +41,8 @@ class JobFacts:
     #: An elastic job's range (None: a fixed job).
     gpu_min: int | None = None
     gpu_max: int | None = None
+    #: The job's name (with its tenant, the run-time predictor's keys).
+    name: str = ""
 
 
 def job_facts(spec: JobSpec) -> JobFacts:
@@ -46,6 +54,7 @@ def job_facts(spec: JobSpec) -> JobFacts:
         preemptible=spec.preemptible,
         gpu_min=spec.min_gpus if spec.elastic else None,
         gpu_max=spec.max_gpus if spec.elastic else None,
+        name=spec.name,
     )
 
 
@@ -60,7 +69,14 @@ class SnapshotReader:
     view), so an unchanged fleet costs a tuple comparison per node and per job.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, runtimes: LearnedRuntimes | None = None) -> None:
+        #: The learned run times (kept up to date from the store at each read, at most every ``refresh_s``).
+        self.runtimes = runtimes or LearnedRuntimes()
+        #: Job id -> (its tenant's count of observed runs, expected run time) of a waiting job.
+        self._expected: dict[str, tuple[int, float]] = {}
+        #: Allocation id -> (its tenant's count of observed runs, its limit's end, expected end) of a running job; recomputed once
+        #: outlived, or when its start moves (a bound job starts running).
+        self._ends: dict[str, tuple[int, float, float]] = {}
         self._facts: dict[str, JobFacts] = {}
         self._members: dict[str, tuple[Member, ...]] = {}
         self._nodes: dict[str, tuple[Any, NodeView]] = {}
@@ -90,6 +106,7 @@ class SnapshotReader:
         """The store as of now. ``decayed`` replaces the ledger's usage (for a caller that has it already)."""
         if decayed is None:
             decayed = await usage.usage(db, half_life=config.usage_half_life_s, now=now)
+        await self.runtimes.refresh(db, now)
         async with db.sessions() as session:
             rows = await rows_of.read_rows(session)
             need = {r[0] for r in rows.queued} | {r[1] for r in rows.live}
@@ -118,7 +135,7 @@ class SnapshotReader:
             nodes=self._node_views(rows, held, indices, now, stale_after_s),
             pending=self._pending_views(rows),
             tenants=self._tenant_views(rows, decayed),
-            running=self._running_views(rows),
+            running=self._running_views(rows, now),
             config=config,
             reservations=reservations,
         )
@@ -178,9 +195,19 @@ class SnapshotReader:
         self._pending = {}
         reasons: dict[str, str | None] = {}
         codes: dict[str, str | None] = {}
+        predictor = self.runtimes.predictor
+        versions = self.runtimes.tenant_versions
+        old_expected = self._expected
+        self._expected = {}
         for row in rows.queued:
             job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code, gpu_max = row
-            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, gpu_max)
+            known = old_expected.get(job_id)
+            version = versions.get(tenant, 0)
+            if known is None or known[0] != version:
+                facts = self._facts[job_id]
+                known = (version, predictor.predict(runtime_keys(tenant, facts.name), facts.max_runtime_s))
+            self._expected[job_id] = known
+            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, gpu_max, known[1])
             previous = old.get(job_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
@@ -197,6 +224,7 @@ class SnapshotReader:
                     topology_level=facts.topology_level,
                     topology_required=facts.topology_required,
                     max_runtime_s=facts.max_runtime_s,
+                    expected_runtime_s=known[1],
                     preemptible=facts.preemptible,
                     submitted_at=created_at,
                     gpu_max=gpu_max,
@@ -209,21 +237,33 @@ class SnapshotReader:
         self.pending_codes = codes
         return tuple(views)
 
-    def _running_views(self, rows: rows_of.Rows) -> tuple[RunningJob, ...]:
+    def _running_views(self, rows: rows_of.Rows, now: float) -> tuple[RunningJob, ...]:
         views = []
         old = self._running
         self._running = {}
         self.allocation_ids = {row[1]: row[0] for row in rows.live}
+        predictor = self.runtimes.predictor
+        versions = self.runtimes.tenant_versions
+        old_ends = self._ends
+        self._ends = {}
         for row in rows.live:
             alloc_id, job_id, attempt, created_at, tenant, gpu_type, priority, job_attempt, started_at, checkpoint_at, resized_from = row
-            key = tuple(row)
+            version = versions.get(tenant, 0)
+            started = started_at if started_at is not None and job_attempt == attempt else created_at
+            known = old_ends.get(alloc_id)
+            facts = self._facts[job_id]
+            limit = started + facts.max_runtime_s
+            # Kept while the predictor learned nothing and the job has not outlived it (or it is the limit).
+            if known is None or known[0] != version or known[1] != limit or (now >= known[2] and known[2] < limit):
+                elapsed = max(0.0, now - started)
+                known = (version, limit, started + predictor.predict(runtime_keys(tenant, facts.name), facts.max_runtime_s, elapsed))
+            self._ends[alloc_id] = known
+            key = (*row, known[2])
             previous = old.get(alloc_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
             else:
                 members = self._members[alloc_id]
-                facts = self._facts[job_id]
-                started = started_at if started_at is not None and job_attempt == attempt else created_at
                 view = RunningJob(
                     id=job_id,
                     tenant=tenant,
@@ -233,7 +273,8 @@ class SnapshotReader:
                     priority=priority,
                     members=members,
                     started_at=started,
-                    expected_end=started + facts.max_runtime_s,
+                    expected_end=known[2],
+                    max_end=limit,
                     last_checkpoint_at=checkpoint_at if job_attempt == attempt else None,
                     preemptible=facts.preemptible,
                     gpu_min=facts.gpu_min,

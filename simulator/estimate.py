@@ -6,13 +6,18 @@ starts runs for its ``expected_runtime_s`` (else its ``max_runtime_s``), and the
 asked again after ends, on a grid of ``step_s``. A job's estimate is the first time the
 policy binds it. Preemptions the policy asks for are applied (the victim waits again).
 Pure: no clock, no I/O; imports only the core's types.
+
+``estimate_intervals`` gives each waiting job a (low, median, high) start: the same forward simulation once
+per error quantile of the run-time predictor, with every job's remaining expected run time scaled by that
+quantile's ratio (actual / predicted), never past its max runtime.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from scheduler.core.types import Decisions, NodeView, PendingJob, RunningJob, Snapshot
@@ -38,6 +43,7 @@ def estimate_starts(
     step_s: float = 300.0,
     horizon_s: float = 7 * 24 * 3600.0,
     max_steps: int = 500,
+    overdue_s: float = 0.0,
 ) -> dict[str, float]:
     """Predicted start time of each waiting job that starts within the horizon.
 
@@ -49,6 +55,7 @@ def estimate_starts(
         step_s: the policy is asked at most once per step (ends inside a step share a cycle).
         horizon_s: look no further ahead than this.
         max_steps: and ask the policy at most this many times.
+        overdue_s: a running job whose expected end is not after ``now`` is taken to end this long after ``now``.
     """
     want = set(targets) if targets is not None else {j.id for j in snapshot.pending}
     want &= {j.id for j in snapshot.pending}
@@ -57,7 +64,9 @@ def estimate_starts(
     free: dict[str, set[int]] = {n.id: set(n.free) for n in snapshot.nodes}
     pending: dict[str, PendingJob] = {j.id: j for j in snapshot.pending}
     running: dict[str, RunningJob] = {r.id: r for r in snapshot.running}
-    ends: list[tuple[float, str, int]] = [(max(r.expected_end, now), r.id, r.attempt) for r in snapshot.running]
+    ends: list[tuple[float, str, int]] = [
+        (r.expected_end if r.expected_end > now else now + overdue_s, r.id, r.attempt) for r in snapshot.running
+    ]
     heapq.heapify(ends)
     starts: dict[str, float] = {}
     t = now
@@ -148,3 +157,89 @@ def queue_estimates(
     never = math.inf
     ordered = sorted(snapshot.pending, key=lambda j: (starts.get(j.id, never), j.id))
     return [QueueEstimate(job_id=j.id, position=i + 1, start_at=starts.get(j.id)) for i, j in enumerate(ordered)]
+
+
+#: The error quantiles of the run-time predictor an interval is made of: (low, median, high).
+INTERVAL_QUANTILES = (0.1, 0.5, 0.9)
+
+
+def scaled(snapshot: Snapshot, now: float, ratio: float, *, overdue_s: float = 60.0) -> Snapshot:
+    """The snapshot with every job's remaining expected run time multiplied by ``ratio`` (an error ratio, actual /
+    predicted), never past its max runtime: a waiting job's ``expected_runtime_s`` (its ``max_runtime_s`` when
+    it has none), a running job's ``expected_end`` (one already past is taken as ``now + overdue_s``, before
+    scaling). Views left unchanged are the very objects (``ratio`` 1 changes only overdue ends)."""
+    pending = []
+    for job in snapshot.pending:
+        run = job.expected_runtime_s if job.expected_runtime_s is not None else job.max_runtime_s
+        expected = min(run * ratio, job.max_runtime_s)
+        pending.append(job if expected == job.expected_runtime_s else dataclasses.replace(job, expected_runtime_s=expected))
+    running = []
+    for r in snapshot.running:
+        end = r.expected_end if r.expected_end > now else now + overdue_s
+        if ratio != 1.0:
+            end = now + (end - now) * ratio
+        if r.max_end is not None:
+            end = min(end, r.max_end if r.max_end > now else now + overdue_s)
+        running.append(r if end == r.expected_end else dataclasses.replace(r, expected_end=end))
+    return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
+
+
+Interval = tuple[float | None, float | None, float | None]
+
+
+def estimate_intervals(
+    snapshot: Snapshot,
+    now: float,
+    policy_factory: Callable[[], Policy],
+    *,
+    ratios: Sequence[float],
+    quantiles: Sequence[float] = INTERVAL_QUANTILES,
+    step_s: float = 300.0,
+    bound_step_s: float | None = None,
+    horizon_s: float = 7 * 24 * 3600.0,
+    max_steps: int = 500,
+    overdue_s: float = 60.0,
+) -> dict[str, Interval]:
+    """(low, median, high) predicted start of every waiting job, None where beyond the horizon.
+
+    Args:
+        snapshot: the fleet and queue now, with learned run times (``expected_runtime_s``, ``expected_end``).
+        now: the clock of the snapshot.
+        policy_factory: a fresh policy for each of the forward simulations.
+        ratios: the run-time predictor's error ratios (actual / predicted) at ``quantiles``
+            (``RuntimePredictor.quantiles(quantiles)``): one forward simulation each, with every job's remaining
+            expected run time scaled by it.
+        quantiles: what the ratios are the quantiles of; only their count matters here (three: low, median, high).
+        step_s: the median's forward simulation's grid; ``bound_step_s`` (default: the same) the low and high
+            ones' (a coarser grid costs less).
+        horizon_s, max_steps: as for :func:`estimate_starts`.
+        overdue_s: a running job whose expected end is already past is taken to end this long after ``now``.
+
+    Each job's three starts are sorted (None counting as beyond any time), so that low <= median <= high
+    whatever the policy made of the three futures.
+    """
+    if len(ratios) != len(quantiles) or len(ratios) != 3:
+        raise ValueError(f"ratios must be three error ratios (low, median, high), one per quantile, got {tuple(ratios)}")
+    if any(not (r >= 0.0) or math.isinf(r) for r in ratios):
+        raise ValueError(f"ratios must be finite numbers >= 0, got {tuple(ratios)}")
+    bound_step = step_s if bound_step_s is None else bound_step_s
+    runs = []
+    for i, ratio in enumerate(ratios):
+        runs.append(
+            estimate_starts(
+                scaled(snapshot, now, ratio, overdue_s=overdue_s),
+                now,
+                policy_factory(),
+                step_s=step_s if i == 1 else bound_step,
+                horizon_s=horizon_s,
+                max_steps=max_steps,
+                overdue_s=overdue_s,
+            )
+        )
+    never = math.inf
+    out: dict[str, Interval] = {}
+    for job in snapshot.pending:
+        starts = sorted(run.get(job.id, never) for run in runs)
+        low, median, high = (None if s == never else max(s, now) for s in starts)
+        out[job.id] = (low, median, high)
+    return out

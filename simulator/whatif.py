@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.core.types import NodeView, Quota, Snapshot, TenantView
-from simulator.estimate import Policy, estimate_starts
+from simulator.estimate import Policy, estimate_starts, scaled
+
+#: A running job already past its expected end is taken to end this long from now (as the queue view does).
+OVERDUE_S = 60.0
 
 #: What the name of a node added by a what-if starts with.
 ADDED_PREFIX = "whatif-"
@@ -355,11 +358,29 @@ def compare(snapshot: Snapshot, before: Mapping[str, float], after: Mapping[str,
 
 
 def replay(
-    snapshot: Snapshot, now: float, *, horizon_s: float, step_s: float, max_steps: int, policy: Policy | None = None
+    snapshot: Snapshot,
+    now: float,
+    *,
+    horizon_s: float,
+    step_s: float,
+    max_steps: int,
+    policy: Policy | None = None,
+    ratio: float = 1.0,
+    overdue_s: float = OVERDUE_S,
 ) -> dict[str, float]:
     """Predicted starts of the snapshot's waiting jobs within the horizon, through the production core (a fresh
-    ``Scheduler``, as the live queue view uses) unless ``policy`` is given."""
-    return estimate_starts(snapshot, now, policy or Scheduler().run_cycle, step_s=step_s, horizon_s=horizon_s, max_steps=max_steps)
+    ``Scheduler``, as the live queue view uses) unless ``policy`` is given; as the queue view's median forecast,
+    with remaining run times scaled by the run-time predictor's median error ``ratio`` and overdue jobs ending
+    ``overdue_s`` from now."""
+    return estimate_starts(
+        scaled(snapshot, now, ratio, overdue_s=overdue_s),
+        now,
+        policy or Scheduler().run_cycle,
+        step_s=step_s,
+        horizon_s=horizon_s,
+        max_steps=max_steps,
+        overdue_s=overdue_s,
+    )
 
 
 def what_if(
@@ -372,10 +393,15 @@ def what_if(
     max_steps: int,
     decayed: Mapping[str, Mapping[str, float]] | None = None,
     make_policy: Callable[[], Policy] | None = None,
+    ratio: float = 1.0,
 ) -> WhatIf:
     """The future without and with the proposal, compared (the proposal is checked first: :class:`ProposalError`)."""
     changed = apply(snapshot, proposal, now=now, decayed=decayed)
     make = make_policy or (lambda: Scheduler().run_cycle)
-    before = replay(snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make())
-    after = before if changed is snapshot else replay(changed, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make())
+    before = replay(snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=ratio)
+    after = (
+        before
+        if changed is snapshot
+        else replay(changed, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=ratio)
+    )
     return compare(snapshot, before, after, now=now, horizon_s=horizon_s)

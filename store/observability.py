@@ -98,14 +98,43 @@ async def recent_events(db: Database, kinds: Sequence[str], *, tenant: str | Non
     return [(e, j) for e, j in rows]
 
 
-async def finished_runtimes(db: Database, *, limit: int = 5000) -> list[tuple[str, str, float]]:
-    """(tenant, job name, run time of the final attempt) of the latest jobs that SUCCEEDED."""
+@dataclass(frozen=True)
+class SuccessfulRun:
+    """A job that SUCCEEDED: its (tenant, name), run time (started to finished), limit, and its event's id."""
+
+    event_id: int
+    tenant: str
+    name: str
+    runtime_s: float
+    max_runtime_s: float
+
+
+async def successful_runs(db: Database, *, after_event: int | None = None, limit: int = 5000) -> list[SuccessfulRun]:
+    """Jobs that SUCCEEDED, oldest first, by the id of their SUCCEEDED event: those after ``after_event`` (the
+    first ``limit`` of them), or with None the latest ``limit``. Read by the event's primary key, so a caller
+    that keeps the last id reads only what is new."""
+    max_runtime = col(Job.spec)["max_runtime"].as_float()
+    query = (
+        select(col(JobEvent.id), col(Job.tenant), col(Job.name), col(Job.started_at), col(Job.finished_at), max_runtime)
+        .join(Job, col(Job.id) == col(JobEvent.job_id))
+        # Not filtered on the job's state: its SUCCEEDED event is written with that terminal state, which never changes,
+        # and a filter there would have the planner read every successful job instead of the newest events.
+        .where(col(JobEvent.kind) == JobState.SUCCEEDED.value, col(Job.started_at).is_not(None), col(Job.finished_at).is_not(None))
+    )
+    if after_event is None:
+        query = query.order_by(col(JobEvent.id).desc())
+    else:
+        query = query.where(col(JobEvent.id) > after_event).order_by(col(JobEvent.id))
     async with db.sessions() as session:
-        query = (
-            select(col(Job.tenant), col(Job.name), col(Job.started_at), col(Job.finished_at))
-            .where(col(Job.state) == JobState.SUCCEEDED.value, col(Job.started_at).is_not(None), col(Job.finished_at).is_not(None))
-            .order_by(col(Job.finished_at).desc())
-            .limit(limit)
+        rows = (await session.execute(query.limit(limit))).all()
+    runs = [
+        SuccessfulRun(
+            event_id=int(i),
+            tenant=t,
+            name=n,
+            runtime_s=max(0.0, float(f or 0.0) - float(s or 0.0)),
+            max_runtime_s=float(m) if m is not None else max(0.0, float(f or 0.0) - float(s or 0.0)),
         )
-        rows = (await session.execute(query)).all()
-    return [(t, n, max(0.0, float(f or 0.0) - float(s or 0.0))) for t, n, s, f in rows]
+        for i, t, n, s, f, m in rows
+    ]
+    return runs[::-1] if after_event is None else runs

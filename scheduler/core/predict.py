@@ -16,8 +16,8 @@ moves a few times in its life, not every cycle). It is monotone in ``elapsed_s``
 before it), over a bounded window of the latest ``ratio_window`` runs; their quantiles scale the expected
 remaining run time into intervals (``remaining(..., q=0.9)``).
 
-Pure and deterministic; O(1) per call but ``quantiles`` (which sorts the window once per new observation
-and is then O(1)), with memory bounded by ``history`` runs per key and the ratio window.
+Pure and deterministic; ``predict`` and ``observe`` cost O(``history``), ``quantiles`` sorts the window once after
+new observations (then O(1)); memory is bounded by ``history`` runs per key and the ratio window.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ class RuntimePredictor:
             pos = q * last
             low = math.floor(pos)
             high = min(low + 1, last)
-            frac = pos - low
-            out.append(values[low] * (1.0 - frac) + values[high] * frac)
+            a, b = values[low], values[high]
+            # Monotone in q: within a segment by construction, across segments by the clamp to [a, b].
+            out.append(min(max(a + (b - a) * (pos - low), a), b))
         return tuple(out)
 
     def remaining(self, keys: Sequence[Key], max_runtime_s: float, elapsed_s: float, q: float | None = None) -> float:

@@ -132,6 +132,8 @@ class RunningJob:
     topology_required: bool = True
     #: When its size last changed; None: never since it started.
     resized_at: float | None = None
+    #: When it is stopped at the latest (start + max runtime); None: ``expected_end`` is that limit.
+    max_end: float | None = None
 
     @property
     def elastic(self) -> bool:
@@ -162,6 +164,7 @@ class RunningJob:
             gpu_max=job.gpu_max if elastic else None,
             topology_level=job.topology_level,
             topology_required=job.topology_required,
+            max_end=at + job.max_runtime_s,
         )
 
 

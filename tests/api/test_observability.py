@@ -8,13 +8,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.insight import learned_runtimes, size_class
+from api.insight import size_class
 from api.metrics import requeue_reason
 from fairgang.cluster import node_credential
 from fairgang.members import PlacedMember
+from fairgang.spec import JobState
 from store import jobs, placement
 from store.db import Database
-from store.models import Job
 from tests.api.test_api import ADMIN, ALPHA, BETA, NODE
 from tests.builders import spec_dict
 
@@ -127,12 +127,14 @@ async def test_queue_estimates_start_when_the_running_jobs_are_expected_to_end(a
     await register(api, "h1", 0.0)
     await register(api, "h2", 0.0)
     now = time.time()
-    # alpha's "short" job has taken 10 minutes before: its running copy on h1 should end 10 minutes after it started.
-    done = await queue_job(api, seeded, ALPHA, name="short")
-    async with seeded.transaction() as session:
-        row = await session.get(Job, done)
-        assert row is not None
-        row.state, row.started_at, row.finished_at = "SUCCEEDED", now - 1000, now - 400
+    # alpha's "short" job has taken 10 minutes three times before (limit: 1 h): its running copy on h1 should end 10
+    # minutes after it started. The predictor's errors: 600/3600 (nothing known yet), then 1 and 1.
+    for i in range(3):
+        done = await queue_job(api, seeded, ALPHA, name="short", idempotency_key=f"before-{i}")
+        await jobs.record_transition(seeded, job_id=done, attempt=1, state=JobState.RUNNING, event_key="run", now=now - 2000 + i)
+        await jobs.record_transition(
+            seeded, job_id=done, attempt=1, state=JobState.SUCCEEDED, event_key="end", exit_code=0, now=now - 1400 + i
+        )
     short = await queue_job(api, seeded, ALPHA, name="short", idempotency_key="again", gpu_count=8)
     await bind(seeded, short, "h1", list(range(8)))
     long = await queue_job(api, seeded, ALPHA, name="long", gpu_count=8)
@@ -143,13 +145,13 @@ async def test_queue_estimates_start_when_the_running_jobs_are_expected_to_end(a
     assert [(e["position"], e["job"]["id"]) for e in queue] == [(1, waiting)]
     eta = queue[0]["estimated_start"]
     assert eta is not None and now + 600 - 5 <= eta <= now + 600 + 60, eta - now
+    # The interval: the p10 of the errors is 1/6 + 0.2 * 5/6 = 1/3 of the 10 minutes; the p90 is 1.
+    low, high = queue[0]["estimated_start_low"], queue[0]["estimated_start_high"]
+    assert low is not None and now + 200 - 5 <= low <= now + 200 + 125, low - now
+    assert high is not None and eta <= high <= now + 600 + 125, high - now
     detail = (await api.get(f"/v1/jobs/{waiting}", headers=BETA)).json()
     assert detail["queue_position"] == 1 and detail["estimated_start"] == eta
-
-
-def test_expected_runtime_is_the_median_of_the_latest_runs_per_tenant_and_name() -> None:
-    history = [("a", "x", 100.0), ("a", "x", 300.0), ("a", "x", 200.0), ("b", "x", 50.0)]
-    assert learned_runtimes(history) == {("a", "x"): 200.0, ("b", "x"): 50.0}
+    assert (detail["estimated_start_low"], detail["estimated_start_high"]) == (low, high)
 
 
 async def test_recent_events_show_requeues_to_their_tenant_only(api: httpx.AsyncClient, seeded: Database) -> None:

@@ -184,6 +184,15 @@ def test_the_overview_and_its_charts_match_the_api(dash: Platform, browser: Brow
     row = page.locator(f'#queue tr[data-job-id="{scene["waiting"]["id"]}"]')
     assert int(row.get_attribute("data-position") or 0) == entry["position"]
     assert fields(row)["pending_reason"] == entry["job"]["pending_reason"]
+    # Its predicted start's interval beside the most likely start, as the page was given them.
+    low, eta, high = (row.get_attribute(f"data-eta{end}") for end in ("-low", "", "-high"))
+    if eta is not None:  # a start within the horizon has an interval's low end at least
+        assert low is not None and float(low) <= float(eta) <= (float(high) if high is not None else float("inf"))
+        window = fields(row)["estimated_start_interval"]
+        if high is None:
+            assert window == f"{iso(float(low))} or later"
+        else:
+            assert window == (iso(float(low)) if low == high else f"{iso(float(low))} \N{EN DASH} {iso(float(high))}")
 
     alpha = next(t for t in tenants if t["name"] == "alpha")
     for gpu_type, quota in alpha["quotas"].items():
@@ -370,6 +379,7 @@ def test_the_job_page_matches_the_api_and_cancel_makes_the_job_cancelled(dash: P
         assert shown["estimated_start"] == "beyond the horizon"
     else:
         assert shown["estimated_start"].startswith("in ") and shown["estimated_start"].endswith("Z)")
+        assert shown["estimated_start_interval"].endswith("Z") or shown["estimated_start_interval"].endswith("or later")
     page.close()
 
 

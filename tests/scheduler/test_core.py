@@ -16,6 +16,7 @@ CORE = ROOT / "scheduler" / "core"
 #: What the core may not import (nor anything inside it): the rest of the project, I/O libraries, the clock and randomness.
 FORBIDDEN = {
     *("cli", "fairgang", "api", "store", "workflows", "activities", "worker_agent", "simulator", "scheduler.service", "scheduler.snapshot"),
+    "scheduler.runtimes",
     *("temporalio", "sqlmodel", "sqlalchemy", "alembic", "fastapi", "starlette", "httpx", "pynvml", "prometheus_client"),
     *("asyncpg", "aiosqlite", "asyncio", "time", "random", "uuid"),
 }

@@ -25,14 +25,26 @@ from sqlmodel import col
 from fairgang.cluster import ClusterConfig
 from fairgang.members import PlacedMember
 from fairgang.spec import JobState
-from scheduler.core import Member, NodeView, PendingJob, Quota, RunningJob, Scheduler, SchedulerConfig, Snapshot, TenantView
+from scheduler.core import (
+    Member,
+    NodeView,
+    PendingJob,
+    Quota,
+    RunningJob,
+    RuntimePredictor,
+    Scheduler,
+    SchedulerConfig,
+    Snapshot,
+    TenantView,
+)
+from scheduler.runtimes import LearnedRuntimes
 from scheduler.service import LEASE_NAME, commit
 from scheduler.snapshot import SnapshotReader
 from store import common, health, jobs, placement, usage
 from store import nodes as stored_nodes
 from store import tenants as stored_tenants
 from store.db import Database
-from store.models import Allocation, Gpu, Job
+from store.models import Allocation, Gpu, Job, JobEvent
 from tests.builders import job_spec
 from tests.conftest import small_cluster
 
@@ -49,7 +61,15 @@ WALK_RESIZES: list[int] = []
 
 async def _from_scratch(db: Database, *, now: float, stale_after_s: float, config: SchedulerConfig) -> Snapshot:
     """The snapshot as the placement service used to build it every cycle: every row as an ORM object, usage
-    integrated from every allocation (here without the old 8-half-life horizon, which the ledger does not have)."""
+    integrated from every allocation (here without the old 8-half-life horizon, which the ledger does not have),
+    and run times predicted by a predictor fed every successful run afresh."""
+    predictor = RuntimePredictor()
+    async with db.sessions() as session:
+        ended = select(JobEvent, Job).join(Job, col(Job.id) == col(JobEvent.job_id)).where(col(JobEvent.kind) == "SUCCEEDED")
+        for _, done in (await session.execute(ended.order_by(col(JobEvent.id)))).all():
+            if done.state == "SUCCEEDED" and done.started_at is not None and done.finished_at is not None:
+                limit = float(done.spec["max_runtime"])
+                predictor.observe(((done.tenant, done.name), (done.tenant,)), done.finished_at - done.started_at, limit)
     used = {(g.node_id, g.gpu_index) for g in await placement.live_allocation_gpus(db)}
     healthy: dict[str, set[int]] = {}
     for gpu in await stored_nodes.list_gpus(db):
@@ -87,6 +107,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
                 topology_level=topology.get("level", "any"),
                 topology_required=topology.get("mode", "required") == "required",
                 max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
+                expected_runtime_s=predictor.predict(((job.tenant, job.name), (job.tenant,)), float(job.spec["max_runtime"])),
                 preemptible=bool(job.spec.get("preemptible", True)),
                 submitted_at=job.created_at,
                 gpu_max=job.gpu_max,
@@ -112,6 +133,7 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
         members = tuple(Member(node_id=m["node_id"], gpu_indices=tuple(m["gpu_indices"]), rank=m["rank"]) for m in alloc.members)
         count = job.spec["gpu_count"]
         topology = job.spec.get("topology") or {}
+        limit = float(job.spec["max_runtime"])
         running.append(
             RunningJob(
                 id=job.id,
@@ -122,7 +144,8 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
                 priority=job.priority,
                 members=members,
                 started_at=started,
-                expected_end=started + float(job.spec.get("max_runtime") or 3600.0),
+                expected_end=started + predictor.predict(((job.tenant, job.name), (job.tenant,)), limit, max(0.0, now - started)),
+                max_end=started + limit,
                 last_checkpoint_at=job.latest_checkpoint_at if job.attempt == alloc.attempt else None,
                 preemptible=bool(job.spec.get("preemptible", True)),
                 gpu_min=count["min"] if isinstance(count, dict) else None,
@@ -180,7 +203,7 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
     await stored_nodes.register_node(
         db, node_id="x1", gpu_type="L40S", gpu_count=4, labels={"leaf": "l2"}, boot_id="b", gpus=[{"index": 0}, {"index": 2}], now=now
     )
-    reader, core = SnapshotReader(), Scheduler()
+    reader, core = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0)), Scheduler()
     compared = 0
     serial = 0
     resized = 0
@@ -262,7 +285,7 @@ async def _walk(db: Database, seed: int, steps: int) -> int:
             elif action == "quota":
                 await stored_tenants.seed_cluster(db, _changed_cluster(rng), now=now)
             elif action == "restart":
-                reader, core = SnapshotReader(), Scheduler()
+                reader, core = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0)), Scheduler()
         # The ledger equals the integral over every allocation at any moment.
         await _assert_ledger_is_the_integral(db, HALF_LIFE, now)
     WALK_RESIZES.append(resized)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import math
 
-from scheduler.core.types import Snapshot
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.types import PendingJob, Snapshot
 from simulator.compare import EstimatorProbe
 from simulator.engine import SimOptions, simulate
-from simulator.estimate import estimate_starts, queue_estimates
+from simulator.estimate import estimate_intervals, estimate_starts, queue_estimates
 from simulator.metrics import estimate_accuracy
 from simulator.policies.simple import Fifo, Sjf
 from tests.simulator.helpers import fleet_of, job, node, pending, running, snapshot, workload
@@ -88,3 +93,59 @@ def test_calibrated_estimates_learn_the_bias_of_pessimistic_limits_from_earlier_
     assert after.long_wait is not None and after.long_wait.n > 0 and after.long_wait.coverage >= 0.5
     # Never from the future: every start it learned from had happened when it was read.
     assert learned_from and all(start <= read_at for start, read_at in learned_from)
+
+
+def _expecting(job: PendingJob, expected: float) -> PendingJob:
+    return dataclasses.replace(job, expected_runtime_s=expected)
+
+
+def test_intervals_scale_every_remaining_run_time_by_the_error_quantiles_within_the_limits():
+    # r is expected to end at 100 (its limit: 400); "first" is expected to run 50 (limit 200), "second" 70.
+    run = dataclasses.replace(running("r", "n0", tuple(range(8)), end=100.0), max_end=400.0)
+    snap = snapshot(
+        [node("n0", 0)],
+        [_expecting(pending("first", 8, at=1.0, runtime=200.0), 50.0), _expecting(pending("second", 8, at=2.0, runtime=200.0), 70.0)],
+        [run],
+    )
+    got = estimate_intervals(snap, 0.0, Fifo, ratios=(0.5, 1.0, 5.0), step_s=0.0)
+    # Low (x0.5): r ends at 50, first runs 25. Median: as estimate_starts. High (x5): r ends at its limit, 400 (not
+    # 500), first runs its limit, 200 (not 250).
+    assert got == {"first": (50.0, 100.0, 400.0), "second": (75.0, 150.0, 600.0)}
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=0.0) == {"first": 100.0, "second": 150.0}
+
+
+def test_a_running_job_past_its_expected_end_is_taken_to_end_a_step_after_now():
+    snap = snapshot(
+        [node("n0", 0)], [_expecting(pending("next", 8, runtime=100.0), 50.0)], [running("r", "n0", tuple(range(8)), end=-10.0)]
+    )
+    assert estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 1.0, 1.0), step_s=0.0, overdue_s=60.0) == {"next": (60.0, 60.0, 60.0)}
+
+
+def test_a_job_beyond_the_horizon_has_no_start_and_ratios_are_checked():
+    snap = snapshot([node("n0", 0)], [pending("huge", 64)], [running("r", "n0", tuple(range(8)), end=100.0)])
+    assert estimate_intervals(snap, 0.0, Fifo, ratios=(0.5, 1.0, 2.0), step_s=0.0) == {"huge": (None, None, None)}
+    with pytest.raises(ValueError, match="ratios"):
+        estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 2.0), step_s=0.0)
+    with pytest.raises(ValueError, match="ratios"):
+        estimate_intervals(snap, 0.0, Fifo, ratios=(-1.0, 1.0, 2.0), step_s=0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.floats(10.0, 5000.0), st.floats(1.0, 3.0)), min_size=1, max_size=8),
+    st.lists(st.floats(10.0, 3000.0), min_size=1, max_size=2),
+    st.tuples(st.floats(0.1, 1.0), st.floats(0.5, 1.5), st.floats(1.0, 4.0)),
+    st.sampled_from([0.0, 60.0]),
+)
+def test_intervals_are_ordered(jobs, ends, ratios, step):
+    waiting = [
+        _expecting(pending(f"j{i}", gpus, at=float(i), runtime=expected * over, tenant="ab"[i % 2]), expected)
+        for i, (gpus, expected, over) in enumerate(jobs)
+    ]
+    runs = [dataclasses.replace(running(f"r{i}", f"n{i}", tuple(range(8)), end=end), max_end=end * 2) for i, end in enumerate(ends)]
+    snap = snapshot([node(f"n{i}", 0) for i in range(len(ends))] + [node("free", 4)], waiting, runs)
+    got = estimate_intervals(snap, 0.0, Sjf, ratios=ratios, step_s=step, max_steps=200)
+    assert got.keys() == {j.id for j in waiting}
+    for low, median, high in got.values():
+        values = [math.inf if v is None else v for v in (low, median, high)]
+        assert values == sorted(values)

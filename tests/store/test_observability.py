@@ -34,4 +34,24 @@ async def test_recent_events_are_newest_first_per_tenant_and_runtimes_are_the_su
     ends = await observability.recent_events(seeded, ["SUCCEEDED", "FAILED"])
     assert [(e.kind, j.id) for e, j in ends] == [("FAILED", b.id), ("SUCCEEDED", a.id)]
     assert [(e.kind, j.tenant) for e, j in await observability.recent_events(seeded, ["RUNNING"], tenant="alpha")] == [("RUNNING", "alpha")]
-    assert await observability.finished_runtimes(seeded) == [("alpha", "a", 40.0)]
+    runs = await observability.successful_runs(seeded)
+    assert [(r.tenant, r.name, r.runtime_s, r.max_runtime_s) for r in runs] == [("alpha", "a", 40.0, 3600.0)]
+
+
+async def test_successful_runs_are_read_oldest_first_and_after_the_last_event_read(seeded: Database) -> None:
+    ended = []
+    for i, runtime in enumerate((30.0, 10.0, 20.0)):
+        job, _ = await jobs.create_job(seeded, spec=job_spec(name=f"j{i}"), tenant="alpha", now=100.0)
+        await jobs.record_transition(seeded, job_id=job.id, attempt=1, state=JobState.RUNNING, event_key="run", now=100.0)
+        await jobs.record_transition(
+            seeded, job_id=job.id, attempt=1, state=JobState.SUCCEEDED, event_key="end", exit_code=0, now=100.0 + runtime
+        )
+        ended.append(runtime)
+    cancelled, _ = await jobs.create_job(seeded, spec=job_spec(name="c"), tenant="alpha", now=100.0)
+    await jobs.record_transition(seeded, job_id=cancelled.id, attempt=1, state=JobState.CANCELLED, event_key="end", now=200.0)
+    everything = await observability.successful_runs(seeded)
+    assert [r.runtime_s for r in everything] == ended
+    assert [r.runtime_s for r in await observability.successful_runs(seeded, limit=2)] == ended[1:]
+    after = await observability.successful_runs(seeded, after_event=everything[0].event_id)
+    assert [r.runtime_s for r in after] == ended[1:]
+    assert await observability.successful_runs(seeded, after_event=everything[-1].event_id) == []
