@@ -215,8 +215,9 @@ def estimate_intervals(
         horizon_s, max_steps: as for :func:`estimate_starts`.
         overdue_s: a running job whose expected end is already past is taken to end this long after ``now``.
 
-    Each job's three starts are sorted (None counting as beyond any time), so that low <= median <= high
-    whatever the policy made of the three futures.
+    The median is the median simulation's start, exactly (the what-if's replay of "no change" is that
+    simulation); the low is the earliest and the high the latest of the three (None counting as beyond any
+    time), so that low <= median <= high whatever the policy made of the three futures on their grids.
     """
     if len(ratios) != len(quantiles) or len(ratios) != 3:
         raise ValueError(f"ratios must be three error ratios (low, median, high), one per quantile, got {tuple(ratios)}")
@@ -239,7 +240,8 @@ def estimate_intervals(
     never = math.inf
     out: dict[str, Interval] = {}
     for job in snapshot.pending:
-        starts = sorted(run.get(job.id, never) for run in runs)
-        low, median, high = (None if s == never else max(s, now) for s in starts)
+        starts = [run.get(job.id, never) for run in runs]
+        bounds = (min(starts), starts[1], max(starts))
+        low, median, high = (None if s == never else max(s, now) for s in bounds)
         out[job.id] = (low, median, high)
     return out

@@ -28,8 +28,9 @@ ALPHA_ADMIN = auth("alpha-admin-token")
 
 
 async def busy_fleet(api: httpx.AsyncClient, db: Database) -> dict[str, str]:
-    """h1 and h2 full (alpha's "short" job on h2 has taken 10 minutes before, so it ends 10 minutes after its start;
-    "long" on h1 runs its hour), beta and alpha waiting. Returns the waiting jobs' ids by name."""
+    """h1 and h2 full (alpha's "short" job on h2 and "long" on h1, both expected to run their hour: the earlier
+    "short" run's row is marked done without its event, so nothing is learned from it), beta and alpha waiting.
+    Returns the waiting jobs' ids by name."""
     await register(api, "h1", 0.0)
     await register(api, "h2", 0.0)
     now = time.time()
@@ -51,7 +52,9 @@ async def busy_fleet(api: httpx.AsyncClient, db: Database) -> dict[str, str]:
     return {
         "next": await queue_job(api, db, BETA, name="next", checkpoint_dir="/ckpt/beta/next", gpu_count=8),
         "four": await queue_job(api, db, ALPHA, name="four", checkpoint_dir="/ckpt/alpha/four", gpu_count=4),
-        "one": await queue_job(api, db, BETA, name="one", checkpoint_dir="/ckpt/beta/one", gpu_count=1),
+        # alpha's, not beta's: a 1-GPU job of beta would go before beta's 8-GPU job (the short-job boost) and take
+        # part of beta's guarantee, so that the 8-GPU job could not start even on added nodes.
+        "one": await queue_job(api, db, ALPHA, name="one", checkpoint_dir="/ckpt/alpha/one", gpu_count=1),
     }
 
 
@@ -111,7 +114,9 @@ async def test_draining_delays_and_adding_nodes_advances(api: httpx.AsyncClient,
 
 async def contended(api: httpx.AsyncClient, db: Database) -> dict[str, list[str]]:
     """Both tenants guaranteed all 16 H100s; alpha holds h1 for an hour, beta half of h2. Waiting: beta's 8-GPU job
-    (the reservation's head) and four 30-minute 1-GPU jobs of each tenant, for h2's free half. Job ids by tenant."""
+    (the reservation's head) and four 30-minute 1-GPU jobs of each tenant, for h2's free half, in the priority class
+    below (in the same class the short-job boost would put beta's small jobs before its 8-GPU job, and the head would
+    be one of them). Job ids by tenant."""
     for name in ("alpha", "beta"):
         resp = await api.patch(f"/v1/tenants/{name}", json={"quotas": {"H100-80GB": {"nominal": 16}}}, headers=ADMIN)
         assert resp.status_code == 200, resp.text
@@ -122,7 +127,10 @@ async def contended(api: httpx.AsyncClient, db: Database) -> dict[str, list[str]
     ids: dict[str, list[str]] = {"big": [await queue_job(api, db, BETA, name="big", checkpoint_dir="/ckpt/beta/big", gpu_count=8)]}
     for who, headers in (("beta", BETA), ("alpha", ALPHA)):
         ids[who] = [
-            await queue_job(api, db, headers, name=f"{who}{i}", checkpoint_dir=f"/ckpt/{who}/{who}{i}", max_runtime="30m") for i in range(4)
+            await queue_job(
+                api, db, headers, name=f"{who}{i}", checkpoint_dir=f"/ckpt/{who}/{who}{i}", max_runtime="30m", priority_class="low"
+            )
+            for i in range(4)
         ]
     return ids
 

@@ -149,3 +149,12 @@ def test_intervals_are_ordered(jobs, ends, ratios, step):
     for low, median, high in got.values():
         values = [math.inf if v is None else v for v in (low, median, high)]
         assert values == sorted(values)
+
+
+def test_the_median_is_the_median_simulation_on_its_own_grid():
+    # r ends at 45: on the median's 30 s grid "next" starts at 60, on the bounds' 120 s grid at 120; the median is
+    # the median simulation's start, not the middle of the three (the what-if's "no change" replays only that one).
+    snap = snapshot([node("n0", 0)], [_expecting(pending("next", 8, runtime=100.0), 50.0)], [running("r", "n0", tuple(range(8)), end=45.0)])
+    got = estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 1.0, 1.0), step_s=30.0, bound_step_s=120.0)
+    assert got == {"next": (60.0, 60.0, 120.0)}
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=30.0) == {"next": 60.0}
