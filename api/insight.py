@@ -26,7 +26,9 @@ from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
 from scheduler.snapshot import SnapshotReader, build_snapshot
-from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals
+from simulator.calibrate import WaitCalibrator, calibrated_start
+from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals, estimate_starts, scaled
+from simulator.workload import size_class as size_class_of
 from store.db import Database
 from store.models import Allocation, AllocationGpu, Gpu, HealthEvent, Node
 
@@ -35,6 +37,10 @@ ESTIMATE_STEP_S = 30.0
 ESTIMATE_MAX_STEPS = 400
 #: The grid of the interval's low and high forward simulations (coarser: three simulations cost about two).
 ESTIMATE_BOUND_STEP_S = 120.0
+#: How far ahead the queue view looks.
+ESTIMATE_HORIZON_S = 7 * 24 * 3600.0
+#: A running job already past its expected end is taken to end this long from now.
+OVERDUE_S = 60.0
 
 
 def size_class(gpu_count: int) -> str:
@@ -55,6 +61,10 @@ class QueueView:
     #: Job id -> the predicted start's interval (p10 and p90 of the run-time errors); absent: beyond the horizon.
     estimated_start_low: dict[str, float] = dataclasses.field(default_factory=dict)
     estimated_start_high: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Job id -> the raw forward-simulated start (learned run times, uncalibrated); absent: beyond the horizon.
+    raw_start: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The jobs whose start was calibrated from earlier estimates' outcomes (the others': run-time quantiles).
+    calibrated: frozenset[str] = frozenset()
 
 
 async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: SnapshotReader | None = None) -> Snapshot:
@@ -79,31 +89,83 @@ async def queue_view(db: Database, settings: Settings, *, now: float | None = No
     return await asyncio.to_thread(estimate_queue, snapshot, reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES), now)
 
 
-def estimate_queue(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> QueueView:
-    """The queue's order and the forward simulations' predicted starts (pure; CPU-heavy at scale).
+def _policy() -> Policy:
+    # One Scheduler across the forward steps of a simulation: each step changes a few jobs, not the fleet.
+    return Scheduler().run_cycle
+
+
+def raw_starts(
+    snapshot: Snapshot, now: float, *, horizon_s: float = ESTIMATE_HORIZON_S, max_steps: int = ESTIMATE_MAX_STEPS
+) -> dict[str, float]:
+    """The raw forward simulation: each waiting job's first start with the learned run times as they are (a running
+    job already past its expected end ends ``OVERDUE_S`` from now), on the queue view's grid (pure)."""
+    return estimate_starts(
+        scaled(snapshot, now, 1.0, overdue_s=OVERDUE_S),
+        now,
+        _policy(),
+        step_s=ESTIMATE_STEP_S,
+        horizon_s=horizon_s,
+        max_steps=max_steps,
+        overdue_s=OVERDUE_S,
+    )
+
+
+def estimate_queue(snapshot: Snapshot, ratios: tuple[float, ...], now: float, calibrator: WaitCalibrator | None = None) -> QueueView:
+    """The queue's order and its predicted starts (pure; CPU-heavy at scale).
 
     ``snapshot`` carries the learned run times; ``ratios`` are the run-time predictor's error ratios at
-    ``INTERVAL_QUANTILES`` (low, median, high).
+    ``INTERVAL_QUANTILES`` (low, median, high). One raw forward simulation (:func:`raw_starts`); a job's median
+    and interval are that start calibrated by ``calibrator`` (``simulator.calibrate.calibrated_start``: the earlier estimates'
+    outcomes, as the simulator's estimator probe does) where it has samples enough for the job's band, else
+    (cold start) the three forward simulations of ``estimate_intervals``, with remaining run times scaled by the
+    run-time predictor's error quantiles (run only when some job needs them).
     """
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
-
-    def policy() -> Policy:
-        # One Scheduler across the forward steps of a simulation: each step changes a few jobs, not the fleet.
-        return Scheduler().run_cycle
-
-    intervals = estimate_intervals(
-        snapshot,
-        now,
-        policy,
-        ratios=ratios,
-        step_s=ESTIMATE_STEP_S,
-        bound_step_s=ESTIMATE_BOUND_STEP_S,
-        max_steps=ESTIMATE_MAX_STEPS,
+    raw = raw_starts(snapshot, now)
+    median: dict[str, float] = {}
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
+    calibrated: set[str] = set()
+    fallback = False
+    for job in snapshot.pending:
+        start = raw.get(job.id)
+        got = None
+        if start is not None and calibrator is not None:
+            got = calibrated_start(calibrator, start, now, size_class_of(job.gpu_count))
+        if got is None:
+            fallback = True
+            continue
+        low[job.id], median[job.id], high[job.id] = got
+        calibrated.add(job.id)
+    if fallback:
+        intervals = estimate_intervals(
+            snapshot,
+            now,
+            _policy,
+            ratios=ratios,
+            step_s=ESTIMATE_STEP_S,
+            bound_step_s=ESTIMATE_BOUND_STEP_S,
+            horizon_s=ESTIMATE_HORIZON_S,
+            max_steps=ESTIMATE_MAX_STEPS,
+            overdue_s=OVERDUE_S,
+        )
+        for job_id, (lo, m, hi) in intervals.items():
+            if job_id in calibrated:
+                continue
+            if m is not None:
+                median[job_id] = m
+            if lo is not None:
+                low[job_id] = lo
+            if hi is not None:
+                high[job_id] = hi
+    return QueueView(
+        position=position,
+        estimated_start=median,
+        estimated_start_low=low,
+        estimated_start_high=high,
+        raw_start={job_id: max(start, now) for job_id, start in raw.items()},
+        calibrated=frozenset(calibrated),
     )
-    median = {job_id: m for job_id, (_, m, _) in intervals.items() if m is not None}
-    low = {job_id: lo for job_id, (lo, _, _) in intervals.items() if lo is not None}
-    high = {job_id: hi for job_id, (_, _, hi) in intervals.items() if hi is not None}
-    return QueueView(position=position, estimated_start=median, estimated_start_low=low, estimated_start_high=high)
 
 
 # ---------------------------------------------------------------- tenants

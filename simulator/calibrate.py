@@ -97,11 +97,19 @@ class WaitCalibrator:
             cached = self._sorted[key] = sorted(samples)
         return cached
 
+    def _keys(self, predicted_s: float, group: str) -> tuple[int, list[tuple[str, int]]]:
+        band = self._band(max(0.0, predicted_s))
+        return band, ([(group, 0), ("", 0)] if band == 0 else [(group, band), (group, -1), ("", -1)])
+
+    def calibrates(self, predicted_s: float, group: str = "") -> bool:
+        """Whether :meth:`interval` has samples enough for this estimate (its band's, else those it borrows);
+        if not, it gives the raw estimate as it is."""
+        return any(self._sorted_of(key) is not None for key in self._keys(predicted_s, group)[1])
+
     def interval(self, predicted_s: float, group: str = "", qs: Sequence[float] = QUANTILES) -> tuple[float, ...]:
         """Remaining wait (seconds) at each quantile for a raw estimate of ``predicted_s``, in ``qs`` order (non-decreasing)."""
         predicted_s = max(0.0, predicted_s)
-        band = self._band(predicted_s)
-        keys = [(group, 0), ("", 0)] if band == 0 else [(group, band), (group, -1), ("", -1)]
+        band, keys = self._keys(predicted_s, group)
         values = next((v for v in map(self._sorted_of, keys) if v is not None), None)
         if values is None:
             return tuple(predicted_s for _ in qs)
@@ -110,3 +118,13 @@ class WaitCalibrator:
         for i in range(1, len(out)):
             out[i] = max(out[i], out[i - 1])
         return tuple(out)
+
+
+def calibrated_start(calibrator: WaitCalibrator, raw_start: float, now: float, group: str) -> tuple[float, float, float] | None:
+    """(low, median, high) start, UNIX seconds, from a raw forward-simulated start made at ``now``: its remaining wait
+    calibrated; None while the calibrator has too few samples for its band (:meth:`WaitCalibrator.calibrates`)."""
+    wait = max(raw_start, now) - now
+    if not calibrator.calibrates(wait, group):
+        return None
+    low, median, high = calibrator.interval(wait, group)
+    return now + low, now + median, now + high

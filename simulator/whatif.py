@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.core.types import NodeView, Quota, Snapshot, TenantView
+from simulator.calibrate import WaitCalibrator, calibrated_start
 from simulator.estimate import Policy, estimate_starts, scaled
+from simulator.workload import size_class
 
 #: A running job already past its expected end is taken to end this long from now (as the queue view does).
 OVERDUE_S = 60.0
@@ -383,6 +385,47 @@ def replay(
     )
 
 
+def forecast(
+    snapshot: Snapshot,
+    now: float,
+    *,
+    horizon_s: float,
+    step_s: float,
+    max_steps: int,
+    ratio: float = 1.0,
+    calibrator: WaitCalibrator | None = None,
+    make_policy: Callable[[], Policy] | None = None,
+    overdue_s: float = OVERDUE_S,
+) -> dict[str, float]:
+    """The most likely start of each waiting job within the horizon, as the live queue view makes it: the raw replay
+    (learned run times as they are) calibrated by ``calibrator`` (earlier estimates' outcomes, per size class) where
+    it has samples enough for the job's band; else (cold start) the replay with remaining run times scaled by the
+    run-time predictor's median error ``ratio`` (replayed only when some job needs it)."""
+    make = make_policy or (lambda: Scheduler().run_cycle)
+    raw = replay(snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=1.0, overdue_s=overdue_s)
+    out: dict[str, float] = {}
+    rest = []
+    for job in snapshot.pending:
+        start = raw.get(job.id)
+        got = None
+        if start is not None and calibrator is not None:
+            got = calibrated_start(calibrator, start, now, size_class(job.gpu_count))
+        if got is None:
+            rest.append(job.id)
+        else:
+            out[job.id] = got[1]
+    if rest:
+        scaled_run = (
+            raw
+            if ratio == 1.0
+            else replay(
+                snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=ratio, overdue_s=overdue_s
+            )
+        )
+        out.update((job_id, scaled_run[job_id]) for job_id in rest if job_id in scaled_run)
+    return out
+
+
 def what_if(
     snapshot: Snapshot,
     proposal: Proposal,
@@ -394,14 +437,19 @@ def what_if(
     decayed: Mapping[str, Mapping[str, float]] | None = None,
     make_policy: Callable[[], Policy] | None = None,
     ratio: float = 1.0,
+    calibrator: WaitCalibrator | None = None,
 ) -> WhatIf:
-    """The future without and with the proposal, compared (the proposal is checked first: :class:`ProposalError`)."""
+    """The future without and with the proposal, compared (the proposal is checked first: :class:`ProposalError`):
+    each side's most likely starts as :func:`forecast` makes them (the same calibration on both sides)."""
     changed = apply(snapshot, proposal, now=now, decayed=decayed)
-    make = make_policy or (lambda: Scheduler().run_cycle)
-    before = replay(snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=ratio)
-    after = (
-        before
-        if changed is snapshot
-        else replay(changed, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=ratio)
-    )
+    kw = {
+        "horizon_s": horizon_s,
+        "step_s": step_s,
+        "max_steps": max_steps,
+        "ratio": ratio,
+        "calibrator": calibrator,
+        "make_policy": make_policy,
+    }
+    before = forecast(snapshot, now, **kw)  # type: ignore[arg-type]
+    after = before if changed is snapshot else forecast(changed, now, **kw)  # type: ignore[arg-type]
     return compare(snapshot, before, after, now=now, horizon_s=horizon_s)

@@ -339,3 +339,40 @@ class FleetRollup(SQLModel, table=True):
     wait_p50_s: float | None = None
     wait_p90_s: float | None = None
     wait_p99_s: float | None = None
+
+
+class EtaRecord(SQLModel, table=True):
+    """A waiting job's estimated start, kept to be scored once the job starts (the live accuracy of the queue view).
+
+    Written by the API's view worker that computes the queue view (``api.eta``): each job's first estimate
+    (``slot`` 0) and at most one later sample per clock hour while it waits (``slot``: the UNIX hour of the
+    sample), ``MAX_SAMPLES`` at most; the key (job_id, slot) makes a second write of the same estimate (a retry,
+    a worker of another API process) change nothing. ``started_at`` is the job's first start, filled in from the
+    job's row once it started (``store.eta.record_starts``).
+    """
+
+    __tablename__ = "eta_record"
+    __table_args__ = (Index("ix_eta_record_started_at", "started_at"),)
+
+    job_id: str = Field(primary_key=True, max_length=40)
+    #: 0: the job's first estimate; else the UNIX hour (made_at // 3600) of a later sample.
+    slot: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    #: "first" or "sample".
+    kind: str = Field(max_length=8)
+    tenant: str = Field(max_length=64)
+    gpu_type: str = Field(max_length=64)
+    gpu_count: int
+    #: The job's size class (simulator.workload.size_class: 1, 2-8, 9-32, 33+).
+    size_class: str = Field(max_length=8)
+    made_at: float
+    #: The forward simulation's start with learned run times (uncalibrated): what the calibrator learns from.
+    raw_start: float
+    #: The start shown: the most likely, and the p10-p90 interval.
+    median: float
+    low: float
+    high: float
+    #: Whether the shown start was calibrated from earlier records (else: the run-time quantiles' interval).
+    calibrated: bool = False
+    #: The job's first start (None while it has not started), and when it was filled in.
+    started_at: float | None = None
+    scored_at: float | None = None

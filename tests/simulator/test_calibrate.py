@@ -75,3 +75,14 @@ def test_groups_are_calibrated_apart_and_a_thin_group_borrows_from_all():
     assert cal.interval(3600.0, "9-32")[1] == pytest.approx(1800.0)
     low, _, high = cal.interval(3600.0, "2-8")  # no samples of its own: every group's ratios
     assert low == pytest.approx(1800.0) and high == pytest.approx(7200.0)
+
+
+def test_it_says_whether_it_can_calibrate_an_estimate():
+    cal = WaitCalibrator(min_samples=2)
+    assert not cal.calibrates(3600.0, "1")
+    cal.observe(3600.0, 7200.0, "1")
+    assert not cal.calibrates(3600.0, "1")  # one sample: the raw estimate stands
+    cal.observe(3600.0, 7200.0, "1")
+    assert cal.calibrates(3600.0, "1") and cal.calibrates(20 * 3600.0, "33+")  # another band, another group: borrowed
+    assert not cal.calibrates(10.0, "1")  # an estimate of now has no ratios to borrow
+    assert cal.interval(10.0, "1") == (10.0, 10.0, 10.0)
