@@ -442,14 +442,12 @@ def what_if(
     """The future without and with the proposal, compared (the proposal is checked first: :class:`ProposalError`):
     each side's most likely starts as :func:`forecast` makes them (the same calibration on both sides)."""
     changed = apply(snapshot, proposal, now=now, decayed=decayed)
-    kw = {
-        "horizon_s": horizon_s,
-        "step_s": step_s,
-        "max_steps": max_steps,
-        "ratio": ratio,
-        "calibrator": calibrator,
-        "make_policy": make_policy,
-    }
-    before = forecast(snapshot, now, **kw)  # type: ignore[arg-type]
-    after = before if changed is snapshot else forecast(changed, now, **kw)  # type: ignore[arg-type]
+
+    def side(snap: Snapshot) -> dict[str, float]:
+        return forecast(
+            snap, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, ratio=ratio, calibrator=calibrator, make_policy=make_policy
+        )
+
+    before = side(snapshot)
+    after = before if changed is snapshot else side(changed)
     return compare(snapshot, before, after, now=now, horizon_s=horizon_s)
