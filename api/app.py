@@ -16,7 +16,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
 
-from api import accounting, dashboard, fleet, health, jobs, metrics, sweeps, tenants, tokens, whatif
+from api import accounting, dashboard, eta, fleet, health, jobs, metrics, sweeps, tenants, tokens, whatif
 from api.deps import AppState, State, log
 from api.limits import PROBLEM_JSON, BodySizeLimit, known_query_only, problem
 from api.schemas import ERRORS
@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(dashboard.router)
     app.include_router(whatif.router)
+    app.include_router(eta.router)
 
     @app.exception_handler(StarletteHTTPException)
     async def _refused(request: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -24,9 +24,11 @@ scrapers cost what one does. Each view is stamped with the time its computation 
   ``FRESH_WAIT_S``), so that a client reads its own writes; a costlier one is answered from
   the cache while the worker recomputes it;
 - the worker computes one view at a time on its loop's thread, views a request waits for
-  first; the queue's forward simulations (three: the most likely start and its p10-p90 interval;
-  seconds of CPU at scale) run in a thread, or in a process of its own once they cost more than
-  ``PROCESS_CPU_S``, while the others are computed;
+  first; the queue's forward simulations (one raw, calibrated by the outcomes of earlier estimates, and
+  while those are too few the three of the run-time quantiles: the most likely start and its p10-p90
+  interval; seconds of CPU at scale) run in a thread, or in a process of its own once they cost more than
+  ``PROCESS_CPU_S``, while the others are computed; the queue view records its estimates and the starts of
+  the jobs it estimated (``api.eta``: the live accuracy, and what calibrates the next views);
 - the worker spends at most about a third of its time on one view: a computation that took
   ``t`` seconds is not started again within ``REST_FACTOR * t`` seconds of its end;
 - a failed computation, or a worker that died, is answered 503 (``ViewUnavailable``) to the
@@ -57,11 +59,13 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from api import insight
+from api.estimates import EtaKeeper
 from api.schemas import JobPublic, QueueEntry
 from fairgang.settings import Settings
 from scheduler.core import Snapshot
 from scheduler.runtimes import LearnedRuntimes
 from scheduler.snapshot import SnapshotReader
+from simulator.calibrate import WaitCalibrator
 from simulator.estimate import INTERVAL_QUANTILES
 from store import jobs as stored_jobs
 from store import observability
@@ -246,7 +250,17 @@ class QueueState:
 async def _queue(r: Round) -> Result:
     snapshot = await r.snapshot()  # with the run times the worker's reader learned (the placement service's predictor)
     ratios = r.worker.reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES)
-    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, ratios, r.now)
+    keeper = r.worker.eta
+    try:  # the earlier estimates' outcomes calibrate this view's
+        calibrator = await keeper.refresh(r.db, r.now)
+    except Exception:  # the store is busy: the calibrator as last read
+        log.warning("views: cannot read the estimates' records", exc_info=True)
+        calibrator = keeper.calibrator
+    view, r.thread_cpu_s["queue"] = await r.worker.simulate(snapshot, ratios, r.now, calibrator)
+    try:
+        await keeper.record(r.db, snapshot.pending, view, r.now)
+    except Exception:  # recorded at the next view
+        log.warning("views: cannot record the estimates", exc_info=True)
     position = view.position
     jobs = sorted(await r.queued(), key=lambda j: (position.get(j.id, len(position) + 1), j.queued_at, j.id))
     entries = [
@@ -275,15 +289,17 @@ async def _queue(r: Round) -> Result:
     return state, state, encode
 
 
-def _simulate(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
+def _simulate(snapshot: Snapshot, ratios: tuple[float, ...], now: float, calibrator: WaitCalibrator) -> tuple[insight.QueueView, float]:
     cpu = time.thread_time()
-    view = insight.estimate_queue(snapshot, ratios, now)
+    view = insight.estimate_queue(snapshot, ratios, now, calibrator)
     return view, time.thread_time() - cpu
 
 
-def _simulate_in_process(snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
+def _simulate_in_process(
+    snapshot: Snapshot, ratios: tuple[float, ...], now: float, calibrator: WaitCalibrator
+) -> tuple[insight.QueueView, float]:
     cpu = time.process_time()
-    view = insight.estimate_queue(snapshot, ratios, now)
+    view = insight.estimate_queue(snapshot, ratios, now, calibrator)
     return view, time.process_time() - cpu
 
 
@@ -536,6 +552,8 @@ class Refresher:
         #: Kept between computations: the scheduler's reader (it reads each job's fixed parts once).
         self.reader = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0))
         self.reader_lock = asyncio.Lock()
+        #: The estimates' records and the calibrator made of their outcomes (``api.eta``).
+        self.eta = EtaKeeper()
         #: Held by a computation while it runs on the loop's thread (one at a time, so that each one's CPU time
         #: is its own); the forward simulation lets go of it while it runs elsewhere.
         self.computing = asyncio.Lock()
@@ -545,7 +563,9 @@ class Refresher:
         self._simulation_cpu_s = 0.0
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
-    async def simulate(self, snapshot: Snapshot, ratios: tuple[float, ...], now: float) -> tuple[insight.QueueView, float]:
+    async def simulate(
+        self, snapshot: Snapshot, ratios: tuple[float, ...], now: float, calibrator: WaitCalibrator
+    ) -> tuple[insight.QueueView, float]:
         """The forward simulations (median and interval), with their CPU seconds: in a thread while cheap, else in a process.
 
         Seconds of pure Python at scale: in a thread it would hold the worker's interpreter lock
@@ -555,13 +575,13 @@ class Refresher:
         self.computing.release()  # the other views are computed meanwhile
         try:
             if self._simulation_cpu_s < PROCESS_CPU_S:
-                view, cpu = await asyncio.to_thread(_simulate, snapshot, ratios, now)
+                view, cpu = await asyncio.to_thread(_simulate, snapshot, ratios, now, calibrator)
             else:
                 if self._pool is None:
                     context = multiprocessing.get_context("spawn")
                     self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context)
                 loop = asyncio.get_running_loop()
-                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, ratios, now)
+                view, cpu = await loop.run_in_executor(self._pool, _simulate_in_process, snapshot, ratios, now, calibrator)
         finally:
             await self.computing.acquire()
         self._simulation_cpu_s = cpu

@@ -3,7 +3,10 @@
 The live queue, running jobs and fleet are read from the store as the queue view reads them
 (``api.insight.snapshot_now``, with the same expected run times), under the policy the placement
 service runs (its settings); ``simulator.whatif`` applies the change and replays the next hours
-through the production core twice, without and with it. Nothing is written: past usage comes
+through the production core twice, without and with it, each side's starts calibrated as the queue view
+calibrates its own (``api.eta``: the same calibrator, read from the store's records of earlier estimates; while
+it has too few of them, the run-time predictor's median error ratio), so that "no change" answers the queue
+view's most likely starts for the same state and clock. Nothing is written: past usage comes
 from the ledger the placement service keeps, or, for a half-life it keeps none for, is integrated
 from the allocation rows (``store.usage.from_history``) instead of building a ledger.
 """
@@ -24,13 +27,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from api import insight
+from api import estimates, insight
 from api.deps import Caller, State, require_admin
 from api.schemas import QuotaChange
 from fairgang.settings import Settings
 from scheduler.core import Quota, Reservation, SchedulerConfig, Snapshot
 from scheduler.snapshot import SnapshotReader
 from simulator import whatif
+from simulator.calibrate import WaitCalibrator
 from simulator.estimate import INTERVAL_QUANTILES
 from store import usage
 from store.db import Database
@@ -196,10 +200,12 @@ async def replay(
     horizon_s: float,
     decayed: dict[str, dict[str, float]] | None,
     ratio: float = 1.0,
+    calibrator: WaitCalibrator | None = None,
 ) -> whatif.WhatIf:
-    """``simulator.whatif.what_if``, its two replays side by side in processes of their own (kept; what-ifs take
-    turns): seconds of pure Python on a large fleet, which must not hold the API's interpreter lock (as the queue
-    view's forward simulation must not). The proposal is checked here first (:class:`whatif.ProposalError`)."""
+    """``simulator.whatif.what_if``, its two forecasts (``simulator.whatif.forecast``) side by side in processes of
+    their own (kept; what-ifs take turns): seconds of pure Python on a large fleet, which must not hold the API's
+    interpreter lock (as the queue view's forward simulation must not). The proposal is checked here first
+    (:class:`whatif.ProposalError`)."""
     global _pool
     changed = whatif.apply(snapshot, proposal, now=now, decayed=decayed)
     pool = _replay_pool()
@@ -207,7 +213,14 @@ async def replay(
 
     def run(snap: Snapshot) -> asyncio.Future[dict[str, float]]:
         call = functools.partial(
-            whatif.replay, snap, now, horizon_s=horizon_s, step_s=insight.ESTIMATE_STEP_S, max_steps=MAX_STEPS, ratio=ratio
+            whatif.forecast,
+            snap,
+            now,
+            horizon_s=horizon_s,
+            step_s=insight.ESTIMATE_STEP_S,
+            max_steps=MAX_STEPS,
+            ratio=ratio,
+            calibrator=calibrator,
         )
         return loop.run_in_executor(pool, call)
 
@@ -269,7 +282,8 @@ async def what_if(state: State, who: Caller, body: WhatIfRequest) -> WhatIfAnswe
     if half_life is not None and half_life != snapshot.config.usage_half_life_s:
         decayed = await decayed_usage(state.db, half_life=float(half_life), now=now)
     try:
-        result = await replay(snapshot, proposal, now, horizon_s=body.hours * 3600.0, decayed=decayed, ratio=ratio)
+        calibrator = await estimates.calibrator_from_store(state.db)
+        result = await replay(snapshot, proposal, now, horizon_s=body.hours * 3600.0, decayed=decayed, ratio=ratio, calibrator=calibrator)
     except whatif.ProposalError as err:
         raise _refused(err) from None
     return WhatIfAnswer(
