@@ -21,13 +21,15 @@ from prometheus_client.registry import Collector
 from api import insight
 from api.deps import State
 from fairgang.settings import Settings
-from store import health, jobs, observability
+from store import eta, health, jobs, observability
 from store.db import Database
 from store.models import Job
 
 router = APIRouter(tags=["metrics"])
 
 WAIT_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+#: Buckets of the predicted starts' absolute errors (seconds).
+ETA_ERROR_BUCKETS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
 NODE_STATES = ("DOWN", "READY", "CORDONED", "LOST", "RETIRED")
 PREEMPT_REASONS = ("priority", "reclaim", "max_wait", "health")
 
@@ -178,7 +180,32 @@ async def collect(
         requeues.add_metric([reason], counted["REQUEUED"].get(reason, 0))
     out += [preemptions, requeues, resizes]
     out += list(await _health_events(db))
+    out += _eta_errors(await eta.error_counts(db, ETA_ERROR_BUCKETS))
     return out
+
+
+def _eta_errors(groups: Sequence[eta.ErrorCounts]) -> list[Metric]:
+    """The recorded estimates of the queue's starts, scored once their jobs started (``store.eta``)."""
+    labels = ["gpu_type", "size_class", "kind"]
+    errors = HistogramMetricFamily(
+        "fairgang_eta_abs_error_seconds",
+        "Absolute error of recorded start estimates (most likely start - actual first start), once the job started.",
+        labels=labels,
+    )
+    covered = CounterMetricFamily(
+        "fairgang_eta_within_interval", "Recorded start estimates whose job started within their p10-p90 interval.", labels=labels
+    )
+    late = CounterMetricFamily(
+        "fairgang_eta_started_late", "Recorded start estimates whose job started later than the most likely start.", labels=labels
+    )
+    for g in sorted(groups, key=lambda g: (g.gpu_type, g.size_class, g.kind)):
+        key = [g.gpu_type, g.size_class, g.kind]
+        buckets = [(str(b), float(n)) for b, n in zip(ETA_ERROR_BUCKETS, g.at_most, strict=True)]
+        buckets.append(("+Inf", float(g.count)))
+        errors.add_metric(key, buckets, sum_value=g.sum_abs_s)
+        covered.add_metric(key, g.covered)
+        late.add_metric(key, g.late)
+    return [errors, covered, late]
 
 
 async def _health_events(db: Database) -> Iterable[Metric]:
