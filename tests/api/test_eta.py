@@ -1,0 +1,171 @@
+"""Live accuracy of the queue's predicted starts (both backends): the queue view records each waiting job's first
+estimate and an hourly sample, scores them once the job starts, calibrates its starts from the scored records
+(as the what-if does), and ``GET /v1/eta-accuracy`` and ``/metrics`` report the errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from api import estimates, insight
+from api import whatif as api_whatif
+from api.estimates import EtaKeeper
+from fairgang.settings import Settings
+from simulator import whatif
+from simulator.calibrate import WaitCalibrator
+from simulator.estimate import INTERVAL_QUANTILES
+from store import eta
+from store.db import Database
+from store.models import EtaRecord, Job
+from tests.api.test_api import ADMIN, ALPHA
+from tests.api.test_observability import queue_job
+from tests.api.test_whatif import busy_fleet, contended
+from tests.simulator.helpers import pending
+
+
+async def records(db: Database) -> list[EtaRecord]:
+    async with db.sessions() as session:
+        return list((await session.execute(select(EtaRecord).order_by(EtaRecord.job_id, EtaRecord.slot))).scalars())
+
+
+async def queue(api: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+    resp = await api.get("/v1/queue", headers=ADMIN)
+    assert resp.status_code == 200, resp.text
+    return {e["job"]["id"]: e for e in resp.json()}
+
+
+async def test_the_queue_view_records_first_estimates_and_scores_them_once_the_job_starts(api: httpx.AsyncClient, seeded: Database) -> None:
+    waiting = await busy_fleet(api, seeded)
+    shown = await queue(api)
+    rows = await records(seeded)
+    assert {r.job_id for r in rows} == set(waiting.values()) and all(r.slot == 0 and r.kind == "first" for r in rows)
+    for r in rows:  # what was shown, with the raw forecast; nothing scored yet (cold start: run-time quantiles)
+        assert (r.median, r.low, r.high) == tuple(
+            shown[r.job_id][k] for k in ("estimated_start", "estimated_start_low", "estimated_start_high")
+        )
+        assert r.raw_start >= r.made_at and r.started_at is None and not r.calibrated
+        assert (r.size_class, r.gpu_type) == ({1: "1", 4: "2-8", 8: "2-8"}[r.gpu_count], "H100-80GB")
+    await queue_job(api, seeded, ALPHA, name="later")  # the store moves: the view is computed again
+    await queue(api)
+    assert len(await records(seeded)) == 4  # the new job's first; no second record of the others within the hour
+    # "one" starts (as the agent reports it: its row's start time); the next view scores its record.
+    started = rows[0].made_at + 120.0
+    async with seeded.transaction() as session:
+        job = await session.get(Job, waiting["one"])
+        assert job is not None
+        job.started_at = started
+    await queue_job(api, seeded, ALPHA, name="again")
+    await queue(api)
+    (scored,) = [r for r in await records(seeded) if r.started_at is not None]
+    assert (scored.job_id, scored.started_at) == (waiting["one"], started)
+
+    resp = await api.get("/v1/eta-accuracy", headers=ALPHA)
+    assert resp.status_code == 200, resp.text
+    groups = {(g["gpu_type"], g["size_class"]): g for g in resp.json()["groups"]}
+    assert set(groups) == {("H100-80GB", "1"), ("*", "*")}
+    one = groups[("H100-80GB", "1")]
+    error = scored.median - started
+    assert (one["scored"], one["median_abs_error_s"], one["median_signed_error_s"]) == (1, abs(error), error)
+    assert one["coverage"] == float(scored.low <= started <= scored.high)
+    assert (one["within_10min"], one["within_1h"]) == (float(abs(error) <= 600), float(abs(error) <= 3600))
+    later = await api.get("/v1/eta-accuracy", params={"since": started + 1, "kind": "first"}, headers=ALPHA)
+    assert later.json()["groups"] == [{"gpu_type": "*", "size_class": "*", **estimates.score([])}]
+
+    text = (await api.get("/metrics")).text
+    bucket = 'fairgang_eta_abs_error_seconds_bucket{gpu_type="H100-80GB",kind="first",le="+Inf",size_class="1"} 1.0'
+    assert bucket in text
+    assert f'fairgang_eta_abs_error_seconds_sum{{gpu_type="H100-80GB",kind="first",size_class="1"}} {abs(error)}' in text
+    assert 'fairgang_eta_within_interval_total{gpu_type="H100-80GB",kind="first",size_class="1"}' in text
+
+
+async def test_the_accuracy_is_for_tenants_and_admins_and_checks_its_query(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/v1/eta-accuracy")).status_code == 401
+    assert (await api.get("/v1/eta-accuracy", headers=ADMIN)).json()["groups"][-1]["scored"] == 0
+    for params, field in (({"kind": "last"}, "kind"), ({"since": "yesterday"}, "since")):
+        resp = await api.get("/v1/eta-accuracy", params=params, headers=ALPHA)
+        assert resp.status_code == 422 and field in resp.text, resp.text
+
+
+async def test_with_enough_outcomes_the_queue_view_calibrates_its_starts(api: httpx.AsyncClient, seeded: Database) -> None:
+    # 25 earlier estimates of a 50-minute wait that took twice as long.
+    async with seeded.transaction() as session:
+        for i in range(25):
+            session.add(
+                EtaRecord(
+                    job_id=f"j-old-{i}", slot=0, kind="first", tenant="alpha", gpu_type="H100-80GB", gpu_count=1, size_class="1",
+                    made_at=1000.0 + i, raw_start=4000.0 + i, median=4000.0 + i, low=4000.0 + i, high=4000.0 + i,
+                    started_at=7000.0 + i, scored_at=7100.0,
+                )
+            )  # fmt: skip
+    waiting = await busy_fleet(api, seeded)
+    shown = await queue(api)
+    rows = {r.job_id: r for r in await records(seeded) if r.job_id in waiting.values()}
+    assert len(rows) == 3
+    for job_id, r in rows.items():  # every band borrows the 25 ratios of 2.0 (the 2-8 class has none of its own)
+        assert r.calibrated
+        assert r.median - r.made_at == pytest.approx(2.0 * (r.raw_start - r.made_at))
+        assert shown[job_id]["estimated_start"] == r.median
+
+
+async def test_a_what_if_of_no_change_forecasts_the_queue_views_starts_calibrated_or_not(
+    api: httpx.AsyncClient, seeded: Database, db_url: str
+) -> None:
+    ids = await contended(api, seeded)
+    now = time.time()
+    snapshot, ratio = await api_whatif.live_snapshot(seeded, Settings(database_url=db_url), now)
+    ratios = tuple(ratio for _ in INTERVAL_QUANTILES)
+    calibrator = WaitCalibrator(min_samples=3)
+    for wait in (60.0, 120.0, 180.0):
+        calibrator.observe(0.0, wait)  # estimates of "now" took a minute or two: only the jobs that start now calibrate
+    view = insight.estimate_queue(snapshot, ratios, now, calibrator)
+    assert view.calibrated == set(ids["beta"])  # they start now; the others wait
+    assert all(view.estimated_start[j] == now + 120.0 for j in ids["beta"])
+    got = whatif.forecast(
+        snapshot,
+        now,
+        horizon_s=insight.ESTIMATE_HORIZON_S,
+        step_s=insight.ESTIMATE_STEP_S,
+        max_steps=400,
+        ratio=ratio,
+        calibrator=calibrator,
+    )
+    assert got == view.estimated_start
+    answer = whatif.what_if(
+        snapshot,
+        whatif.Proposal(),
+        now,
+        horizon_s=3600.0 * 168,
+        step_s=insight.ESTIMATE_STEP_S,
+        max_steps=400,
+        ratio=ratio,
+        calibrator=calibrator,
+    )
+    assert {j.job_id: j.before for j in answer.jobs} == {j: view.estimated_start.get(j) for j in view.position}
+
+
+async def test_the_worker_records_a_sample_an_hour_at_most_and_a_bounded_number(db: Database) -> None:
+    keeper = EtaKeeper()
+    job = dataclasses.replace(pending("j-wait", 1, gpu_type="H100-80GB"), tenant="alpha")
+    requeued = dataclasses.replace(pending("j-again", 1), attempt=2)
+
+    def view(now: float) -> insight.QueueView:
+        starts = {"j-wait": now + 900.0, "j-again": now + 60.0}
+        return insight.QueueView(position={}, estimated_start=starts, raw_start=starts)
+
+    t0 = 3600.0 * 1000 + 1800.0  # half past an hour
+    assert await keeper.record(db, [job, requeued], view(t0), t0) == 1  # the first estimate; none of a second attempt
+    assert await keeper.record(db, [job], view(t0 + 1200.0), t0 + 1200.0) == 0  # the first one's hour
+    assert await keeper.record(db, [job], view(t0 + 1900.0), t0 + 1900.0) == 1  # the next hour
+    assert await keeper.record(db, [job], view(t0 + 2000.0), t0 + 2000.0) == 0
+    # A new worker (a restart) knows what is recorded.
+    assert await EtaKeeper().record(db, [job], view(t0 + 2100.0), t0 + 2100.0) == 0
+    for hour in range(2, 60):
+        await keeper.record(db, [job], view(t0 + 3600.0 * hour), t0 + 3600.0 * hour)
+    rows = await records(db)
+    assert rows[0].slot == 0 and len(rows) <= 1 + eta.MAX_SAMPLES
+    assert [r.job_id for r in rows] == ["j-wait"] * len(rows)
