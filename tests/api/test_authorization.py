@@ -67,6 +67,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/v1/jobs/{job_id}/preempt"): OWNER_AND_ADMIN,
     ("POST", "/v1/jobs/{job_id}/cancel"): OWNER_AND_ADMIN,
     ("GET", "/v1/queue"): USERS,
+    ("GET", "/v1/eta-accuracy"): USERS,
     ("GET", "/v1/events/recent"): USERS,
     ("GET", "/v1/tenants"): USERS,
     ("GET", "/v1/tenants/{name}"): OWNER_AND_ADMIN,
