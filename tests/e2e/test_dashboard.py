@@ -397,3 +397,33 @@ def test_a_tenant_token_gets_no_admin_actions_and_sees_the_apis_refusal(dash: Pl
     assert next(n for n in get(dash, "/v1/fleet")["nodes"] if n["id"] == "h2")["state"] == "READY"
     page.screenshot(path=artefacts / "tenant-nodes.png", full_page=True)
     page.close()
+
+
+def test_the_overview_shows_the_accuracy_of_the_estimated_starts(dash: Platform, browser: Browser, artefacts: Path) -> None:
+    # (Last: it ends the scene.) The waiting job's start was estimated while it waited (the overview asked for the
+    # queue); the big job ends, the waiting one starts, and the queue view scores its estimate.
+    scene = dash.scene  # type: ignore[attr-defined]
+    waiting = scene["waiting"]["id"]
+    wait_until("the waiting job estimated", lambda: any(q["job"]["id"] == waiting and q["estimated_start"] for q in get(dash, "/v1/queue")))
+    with dash.client("admin-token") as http:
+        assert http.post(f"/v1/jobs/{scene['big']['id']}/cancel").status_code == 200
+    dash.wait_for(waiting, {"RUNNING"})
+
+    def scored() -> dict[str, Any] | None:
+        get(dash, "/v1/queue")  # the queue view scores what started since
+        groups = get(dash, "/v1/eta-accuracy", token="alpha-token")["groups"]
+        return next((g for g in groups if (g["gpu_type"], g["size_class"]) == ("H100-80GB", "1") and g["scored"] >= 1), None)
+
+    group = wait_until("the waiting job's estimate scored", scored)
+    page = open_page(browser, f"{dash.api_url}/dashboard#token=alpha-token")
+    loaded(page)
+    row = page.locator('#eta-accuracy tr[data-gpu-type="H100-80GB"][data-size-class="1"]')
+    expect(row).to_have_count(1)
+    shown = fields(row)
+    assert (shown["gpu_type"], shown["size_class"], int(shown["scored"])) == ("H100-80GB", "1", group["scored"])
+    for key in ("coverage", "within_10min", "within_1h"):
+        assert shown[key] == f"{group[key] * 100:.1f}%"
+    assert shown["median_abs_error"].endswith("s") and shown["median_signed_error"][0] in "+0\N{MINUS SIGN}"
+    assert page.locator('#eta-accuracy tr[data-gpu-type="*"]').count() == 1  # and all of them together
+    page.screenshot(path=artefacts / "eta-accuracy.png", full_page=True)
+    page.close()
