@@ -5,8 +5,9 @@ dashboard, so that they always agree; the API answers them from ``api.views`` (c
 view worker process, cached with the time they were computed). Queue-wait estimates (R7.2) come from
 ``simulator.estimate``: forward simulations of the current queue with the production core (one
 ``Scheduler`` across the forward steps) and the run times the snapshot reader learned
-(``scheduler.runtimes``: the placement service's predictor), once per error quantile of that predictor
-(p10, p50, p90): a median start and an interval per waiting job.
+(``scheduler.runtimes``: the placement service's predictor): one raw forward simulation, calibrated by
+the outcomes of earlier estimates (``api.estimates``), else (too few of them) once per error quantile of
+that predictor (p10, p50, p90): a median start and an interval per waiting job.
 """
 
 from __future__ import annotations
