@@ -169,3 +169,46 @@ async def test_the_worker_records_a_sample_an_hour_at_most_and_a_bounded_number(
     rows = await records(db)
     assert rows[0].slot == 0 and len(rows) <= 1 + eta.MAX_SAMPLES
     assert [r.job_id for r in rows] == ["j-wait"] * len(rows)
+
+
+async def test_the_worker_reads_new_outcomes_incrementally_and_calibrates_as_the_store_says(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(estimates, "WINDOW_RECORDS", 30)
+    monkeypatch.setattr(estimates, "CALIBRATOR_MIN_SAMPLES", 5)
+
+    async def outcomes(first: int, count: int, ratio: float, scored_at: float) -> None:
+        async with db.transaction() as session:
+            for i in range(first, first + count):
+                session.add(
+                    EtaRecord(
+                        job_id=f"j-{i:03d}", slot=0, kind="first", tenant="alpha", gpu_type="H100-80GB", gpu_count=1, size_class="1",
+                        made_at=float(i), raw_start=3600.0 + i, median=3600.0 + i, low=3600.0 + i, high=3600.0 + i,
+                        started_at=i + 3600.0 * ratio, scored_at=scored_at,
+                    )
+                )  # fmt: skip
+
+    keeper = EtaKeeper()
+    assert not (await keeper.refresh(db, 1000.0)).calibrates(3600.0, "1")  # nothing yet: cold start
+    await outcomes(0, 20, 2.0, scored_at=2000.0)
+    assert (await keeper.refresh(db, 2000.0)).interval(3600.0, "1") == pytest.approx((7200.0,) * 3)
+    await outcomes(20, 5, 3.0, scored_at=3000.0)
+    await keeper.refresh(db, 3000.0)
+    reads = []
+    real = eta.scored_since
+
+    async def counted(db: Database, *, scored_from: float) -> list[eta.Scored]:
+        found = await real(db, scored_from=scored_from)
+        reads.append(len(found))
+        return found
+
+    monkeypatch.setattr(eta, "scored_since", counted)
+    await outcomes(25, 15, 3.0, scored_at=5000.0)  # later starts: the window keeps the latest 30
+    calibrator = await keeper.refresh(db, 5000.0)
+    assert reads == [20]  # only what was scored since the last read (and in the minute before it), not all 40
+    assert len(keeper.records) == 30 and min(k[0] for k in keeper.records) == "j-010"
+    assert calibrator.interval(3600.0, "1")[1] == pytest.approx(3.0 * 3600.0)  # 20 of 30 ratios are 3
+    from_store = await estimates.calibrator_from_store(db)
+    for wait in (30.0, 600.0, 3600.0, 20000.0):
+        assert from_store.interval(wait, "1") == calibrator.interval(wait, "1")
+        assert from_store.interval(wait, "33+") == calibrator.interval(wait, "33+")
