@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import select
+from sqlmodel import col
 
 from api import estimates, insight
 from api import whatif as api_whatif
@@ -30,7 +31,7 @@ from tests.simulator.helpers import pending
 
 async def records(db: Database) -> list[EtaRecord]:
     async with db.sessions() as session:
-        return list((await session.execute(select(EtaRecord).order_by(EtaRecord.job_id, EtaRecord.slot))).scalars())
+        return list((await session.execute(select(EtaRecord).order_by(col(EtaRecord.job_id), col(EtaRecord.slot)))).scalars())
 
 
 async def queue(api: httpx.AsyncClient) -> dict[str, dict[str, Any]]:

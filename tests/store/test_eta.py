@@ -4,6 +4,7 @@ records of jobs that ended unstarted forgotten, the calibrator's window and the 
 from __future__ import annotations
 
 from sqlalchemy import select
+from sqlmodel import col
 
 from store import eta
 from store.db import Database
@@ -37,7 +38,7 @@ async def set_job(db: Database, job_id: str, **values: float) -> None:
 
 async def records(db: Database) -> list[EtaRecord]:
     async with db.sessions() as session:
-        return list((await session.execute(select(EtaRecord).order_by(EtaRecord.job_id, EtaRecord.slot))).scalars())
+        return list((await session.execute(select(EtaRecord).order_by(col(EtaRecord.job_id), col(EtaRecord.slot)))).scalars())
 
 
 async def test_a_record_is_written_once_and_scored_once_its_job_starts(seeded: Database) -> None:
