@@ -162,6 +162,7 @@ def jobs(
     tenant: str = typer.Option(None, "--tenant"),
     state: JobState = State,
     label: list[str] = Labels,
+    search: str = typer.Option(None, "--search", "-s", help="A job id, or a part of the job's name (any case)."),
     watch: bool = flag("--watch", "-w", help="Show the list again every 2 s until Ctrl-C."),
     limit: int = typer.Option(200, "--limit", help="At most this many (newest first)."),
     api_url: str = ApiUrl,
@@ -169,7 +170,8 @@ def jobs(
     output: OutputFormat = Output,
 ) -> None:
     """List jobs (yours, or all for an admin), newest first."""
-    params: dict[str, Any] = {k: v for k, v in {"tenant": tenant, "state": state.value if state else None}.items() if v}
+    wanted = {"tenant": tenant, "state": state.value if state else None, "search": search}
+    params: dict[str, Any] = {k: v for k, v in wanted.items() if v}
     params |= {"label": label, "limit": limit} if label else {"limit": limit}
     with _client(api_url, token) as http:
         if not watch:

@@ -117,6 +117,23 @@ def estimate_starts(
                 max_runtime_s=max(victim.expected_end - t, 0.0),
                 preemptible=victim.preemptible,
             )
+        for r in decisions.resizes:
+            # An elastic job's resize: the GPUs it gives back are free at once, the ones it takes are taken
+            # (its expected end stays; growth needs nodes' idle times, which the forward views do not carry).
+            resized = running.get(r.job_id)
+            if resized is None or resized.attempt != r.attempt:
+                continue
+            old = {(m.node_id, g) for m in resized.members for g in m.gpu_indices}
+            new = {(m.node_id, g) for m in r.members for g in m.gpu_indices}
+            if any(g not in free[n] for n, g in new - old):
+                continue
+            for n, g in old - new:
+                free[n].add(g)
+                stale.add(n)
+            for n, g in new - old:
+                free[n].discard(g)
+                stale.add(n)
+            running[r.job_id] = dataclasses.replace(resized, members=r.members, gpu_count=r.to_gpus, resized_at=t)
         for b in decisions.binds:
             job = pending.get(b.job_id)
             if job is None or any(not set(m.gpu_indices) <= free[m.node_id] for m in b.members):
@@ -132,12 +149,16 @@ def estimate_starts(
             heapq.heappush(ends, (t + run, job.id, job.attempt))
         if want <= starts.keys() or not pending:
             break
-        # Advance to the next end (stale entries belong to preempted attempts), then to the grid.
+        # Advance to the next end (stale entries belong to preempted attempts), then to the grid; after a
+        # preemption or a resize, one step only (the job it was for binds once the GPUs are free).
         while ends and (ends[0][1] not in running or running[ends[0][1]].attempt != ends[0][2]):
             heapq.heappop(ends)
-        if not ends:
+        if decisions.preemptions or decisions.resizes:
+            t = t + (step_s if step_s > 0 else 1.0)
+        elif not ends:
             break
-        t = max(t + step_s, math.ceil(ends[0][0] / step_s) * step_s) if step_s > 0 else ends[0][0]
+        else:
+            t = max(t + step_s, math.ceil(ends[0][0] / step_s) * step_s) if step_s > 0 else ends[0][0]
         if t > now + horizon_s:
             break
         while ends and ends[0][0] <= t:

@@ -126,3 +126,31 @@ def test_fairgang_job_shows_a_waiting_jobs_position_and_start_interval(monkeypat
     monkeypatch.setattr(cli_jobs, "console", recorded)
     cli_jobs.job("j-1", api_url="http://api", token="t", output=OutputFormat.table)
     assert "queue position 2, starts 12:30\u201314:00 UTC, most likely 13:00" in recorded.export_text()
+
+
+def test_fairgang_jobs_passes_its_search_to_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from cli import jobs as cli_jobs
+    from cli.kit import OutputFormat
+
+    asked: list[dict[str, str]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/jobs"
+        asked.append(dict(request.url.params))
+        return httpx.Response(200, json=[])
+
+    monkeypatch.setattr(cli_jobs, "_client", lambda url, token: httpx.Client(base_url="http://api", transport=httpx.MockTransport(answer)))
+    cli_jobs.jobs(
+        tenant=None,  # type: ignore[arg-type]  # typer gives None for an option not given
+        state=None,  # type: ignore[arg-type]
+        label=[],
+        search="bert",
+        watch=False,
+        limit=50,
+        api_url="http://api",
+        token="t",
+        output=OutputFormat.json,
+    )
+    assert asked == [{"search": "bert", "limit": "50"}]

@@ -158,3 +158,14 @@ def test_the_median_is_the_median_simulation_on_its_own_grid():
     got = estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 1.0, 1.0), step_s=30.0, bound_step_s=120.0)
     assert got == {"next": (60.0, 60.0, 120.0)}
     assert estimate_starts(snap, 0.0, Fifo(), step_s=30.0) == {"next": 60.0}
+
+
+def test_a_job_that_an_elastic_job_shrinks_for_is_predicted_to_start_at_once_not_at_the_elastic_jobs_end():
+    from scheduler.core import Quota, Scheduler, TenantView
+
+    elastic = dataclasses.replace(running("e", "n0", tuple(range(8)), end=100_000.0), gpu_min=4, gpu_max=8, last_checkpoint_at=0.0)
+    snap = snapshot([node("n0", 0)], [pending("fixed", 4, tenant="b", runtime=600.0)], [elastic])
+    quota = (("H100", Quota(nominal=4)),)
+    snap = dataclasses.replace(snap, tenants=(TenantView(name="a", quotas=quota), TenantView(name="b", quotas=quota)))
+    starts = estimate_starts(snap, 1000.0, Scheduler().run_cycle, step_s=30.0)
+    assert starts["fixed"] <= 1000.0 + 60.0  # "e" gives back its 4 GPUs above its minimum, "fixed" binds on them

@@ -55,6 +55,7 @@ def facts_by_keys(spec: dict[str, Any]) -> JobFacts:
         topology_required=topology.get("mode", "required") == "required",
         max_runtime_s=float(spec.get("max_runtime") or 3600.0),
         preemptible=bool(spec.get("preemptible", True)),
+        name=str(spec.get("name", "")),
     )
 
 
