@@ -287,6 +287,8 @@ def _elastic(folder: Path, current: str) -> list[str]:
         "restarts it at once at the new size from its last checkpoint, paying the 120 s restart: that and the work since",
         "the checkpoint are the GPU-hours lost to resizes. The core grows a job onto GPUs idle for 5 min while no job of",
         "the type waits, at most once per 10 min per job, and shrinks it back before preempting anyone.",
+        "Utilisation (GPU-hours held) can fall while the same work is done: under a sub-linear speed-up a job on",
+        "fewer GPUs needs fewer GPU-hours for its work ((g/m)^0.2 of them).",
         "",
         "| load | run | util | util/bound | avg JCT h | avg wait h | p99 wait h | max wait h | elastic jobs "
         "| resizes per elastic job (grow / shrink) | GPU-h lost to resizes | GPU-h lost to preemption |",
@@ -360,7 +362,9 @@ def bench(out: Path, *, jobs: int, policies: list[str], load: float, seed: int) 
     rows = {}
     for name in policies:
         spec = get_policy(name)
-        options = SimOptions(seed=seed, oracle_runtime=spec.oracle_runtime, fresh_checkpoints=spec.needs_checkpoints)
+        options = SimOptions(
+            seed=seed, oracle_runtime=spec.oracle_runtime, fresh_checkpoints=spec.needs_checkpoints, learned_runtimes=spec.learned_runtimes
+        )
         r = simulate(wl, fleet, spec.make(), name=name, options=options)
         rows[name] = {"wall_s": r.wall_s, "policy_s": r.policy_s, "cycles": r.cycles, "jobs": len(r.records), "invalid": len(r.invalid)}
         print(name, rows[name], flush=True)

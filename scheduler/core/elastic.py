@@ -82,14 +82,20 @@ def above_minimum(ws: Workspace, job: RunningJob) -> list[tuple[Member, tuple[in
     return out
 
 
-def elastic_jobs(cycle: Cycle, gpu_type: str) -> list[RunningJob]:
-    """Running elastic jobs of the type, by id (built once per cycle)."""
+def elastic_by_type(cycle: Cycle) -> dict[str, list[RunningJob]]:
+    """Running elastic jobs per GPU type, by id (built once per cycle; a plain attribute test per running job,
+    since most are fixed)."""
     if cycle.elastic is None:
         cycle.elastic = {}
-        for job in sorted(cycle.running.values(), key=lambda r: r.id):
-            if job.elastic:
-                cycle.elastic.setdefault(job.gpu_type, []).append(job)
-    return cycle.elastic.get(gpu_type, [])
+        found = [job for job in cycle.running.values() if job.gpu_max is not None and job.elastic]
+        for job in sorted(found, key=lambda r: r.id):
+            cycle.elastic.setdefault(job.gpu_type, []).append(job)
+    return cycle.elastic
+
+
+def elastic_jobs(cycle: Cycle, gpu_type: str) -> list[RunningJob]:
+    """Running elastic jobs of the type, by id."""
+    return elastic_by_type(cycle).get(gpu_type, [])
 
 
 def plan_shrink(cycle: Cycle, pool: Pool, job: PendingJob, end: float) -> tuple[tuple[Member, ...], tuple[Resize, ...]] | None:
@@ -168,8 +174,11 @@ def grow(cycle: Cycle) -> None:
     """Phase 5b: elastic jobs take GPUs idle long enough, where no job of their type waits for capacity."""
     config = cycle.config
     ws = cycle.ws
+    by_type = elastic_by_type(cycle)
+    if not by_type:
+        return
     waiting = {cycle.pending[job_id].gpu_type for job_id, why in cycle.reasons.items() if why.code in _WANTS_CAPACITY}
-    types = sorted({job.gpu_type for job in cycle.running.values() if job.elastic} - waiting)
+    types = sorted(set(by_type) - waiting)
     for gpu_type in types:
         pool = ws.pools.get(gpu_type)
         if pool is None:

@@ -253,6 +253,11 @@ def run_to_rest(nodes: list[NodeView], jobs: list[RunningJob], pending: list, cy
     for p in waiting.values():
         if p.id in {b.job_id for b in decisions.binds} or p.gpu_max:
             continue
+        # GPUs an elastic job would give back on nodes another waiting job has reserved are that job's:
+        # then p waits behind the reservation (anti-starvation), not behind the elastic job's extras.
+        reserved = {n for r in decisions.reservations if r.job_id != p.id for n in r.node_ids}
+        if any(m.node_id in reserved for r in running_now.values() if r.elastic for m in r.members):
+            continue
         at_min = [
             replace(r, members=_minimum_members(r), gpu_count=r.gpu_min) if r.elastic and r.gpu_min is not None else r
             for r in running_now.values()
