@@ -488,6 +488,9 @@ def doc(folder: Path, target: Path) -> None:
         "- Tenants' quotas are derived from their weights; a job blocked by its tenant's quota (rather than by capacity)",
         "  takes no reservation in the production core, so quota settings change how often ours backfills around it.",
         "- The 2D-LAS baseline uses a 1 h lease before a job may be preempted; it still preempts far more than ours.",
+        "- Elastic runs: a resize is instant here (no grace period; the live platform stops members with SIGTERM and",
+        "  the grace period first), and the speed-up exponent 0.8 is an assumption about the jobs (a linear speed-up",
+        "  favours elastic jobs more, a flatter one less). Which Philly jobs are elastic is drawn, not recorded.",
         "",
     ]
     speeds = sorted(folder.glob("speed*.json"))
