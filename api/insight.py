@@ -27,9 +27,8 @@ from scheduler.core import Scheduler, SchedulerConfig, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
 from scheduler.snapshot import SnapshotReader, build_snapshot
-from simulator.calibrate import WaitCalibrator, calibrated_start
+from simulator.calibrate import WaitCalibrator, calibrate_starts
 from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals, estimate_starts, scaled
-from simulator.workload import size_class as size_class_of
 from store.db import Database
 from store.models import Allocation, AllocationGpu, Gpu, HealthEvent, Node
 
@@ -123,22 +122,12 @@ def estimate_queue(snapshot: Snapshot, ratios: tuple[float, ...], now: float, ca
     """
     position = {job_id: pos for pos, job_id in enumerate(queue_order(snapshot, now), start=1)}
     raw = raw_starts(snapshot, now)
-    median: dict[str, float] = {}
-    low: dict[str, float] = {}
-    high: dict[str, float] = {}
-    calibrated: set[str] = set()
-    fallback = False
-    for job in snapshot.pending:
-        start = raw.get(job.id)
-        got = None
-        if start is not None and calibrator is not None:
-            got = calibrated_start(calibrator, start, now, size_class_of(job.gpu_count))
-        if got is None:
-            fallback = True
-            continue
-        low[job.id], median[job.id], high[job.id] = got
-        calibrated.add(job.id)
-    if fallback:
+    done, rest = calibrate_starts(snapshot.pending, raw, now, calibrator)
+    low = {job_id: lo for job_id, (lo, _, _) in done.items()}
+    median = {job_id: m for job_id, (_, m, _) in done.items()}
+    high = {job_id: hi for job_id, (_, _, hi) in done.items()}
+    calibrated = set(done)
+    if rest:
         intervals = estimate_intervals(
             snapshot,
             now,

@@ -24,7 +24,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from scheduler.core.types import PendingJob
+from simulator.workload import size_class
 
 #: Upper edges (seconds of predicted remaining wait) of the bands; the last band is open.
 BAND_EDGES_S: tuple[float, ...] = (60.0, 1800.0, 3 * 3600.0, 12 * 3600.0)
@@ -128,3 +131,23 @@ def calibrated_start(calibrator: WaitCalibrator, raw_start: float, now: float, g
         return None
     low, median, high = calibrator.interval(wait, group)
     return now + low, now + median, now + high
+
+
+def calibrate_starts(
+    pending: Iterable[PendingJob], raw: Mapping[str, float], now: float, calibrator: WaitCalibrator | None
+) -> tuple[dict[str, tuple[float, float, float]], list[str]]:
+    """Each waiting job's calibrated (low, median, high) start from its raw forward-simulated one, grouped by its
+    size class; and, in ``pending`` order, the jobs left for a cold-start fallback (no raw start, no calibrator, or
+    too few samples for the job's band)."""
+    done: dict[str, tuple[float, float, float]] = {}
+    rest: list[str] = []
+    for job in pending:
+        start = raw.get(job.id)
+        got = None
+        if start is not None and calibrator is not None:
+            got = calibrated_start(calibrator, start, now, size_class(job.gpu_count))
+        if got is None:
+            rest.append(job.id)
+        else:
+            done[job.id] = got
+    return done, rest

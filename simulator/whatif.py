@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from scheduler.core import Scheduler, SchedulerConfig
 from scheduler.core.types import NodeView, Quota, Snapshot, TenantView
-from simulator.calibrate import WaitCalibrator, calibrated_start
+from simulator.calibrate import WaitCalibrator, calibrate_starts
 from simulator.estimate import Policy, estimate_starts, scaled
-from simulator.workload import size_class
 
 #: A running job already past its expected end is taken to end this long from now (as the queue view does).
 OVERDUE_S = 60.0
@@ -403,17 +402,8 @@ def forecast(
     run-time predictor's median error ``ratio`` (replayed only when some job needs it)."""
     make = make_policy or (lambda: Scheduler().run_cycle)
     raw = replay(snapshot, now, horizon_s=horizon_s, step_s=step_s, max_steps=max_steps, policy=make(), ratio=1.0, overdue_s=overdue_s)
-    out: dict[str, float] = {}
-    rest = []
-    for job in snapshot.pending:
-        start = raw.get(job.id)
-        got = None
-        if start is not None and calibrator is not None:
-            got = calibrated_start(calibrator, start, now, size_class(job.gpu_count))
-        if got is None:
-            rest.append(job.id)
-        else:
-            out[job.id] = got[1]
+    done, rest = calibrate_starts(snapshot.pending, raw, now, calibrator)
+    out = {job_id: median for job_id, (_, median, _) in done.items()}
     if rest:
         scaled_run = (
             raw
