@@ -442,7 +442,9 @@ def resolve_tenants(fleet: Fleet, workload: Workload) -> tuple[TenantSpec, ...]:
     """Tenants for a run: the cluster config's where it names them, else the workload's weights.
 
     A tenant without configured quotas gets, per GPU type, a nominal quota of its weight's
-    share of that type's GPUs (rounded down), borrowing unlimited, all in one cohort.
+    share of that type's GPUs, borrowing unlimited, all in one cohort. Shares are rounded by
+    largest remainder, so the nominal quotas of a type add up to exactly its GPUs: rounded
+    down, up to one GPU per tenant would lie beyond every quota and idle while jobs wait.
     """
     configured = {t.name: t for t in fleet.tenants}
     names = sorted({t.name for t in workload.tenants} | {j.tenant for j in workload.jobs} | set(configured))
@@ -451,16 +453,32 @@ def resolve_tenants(fleet: Fleet, workload: Workload) -> tuple[TenantSpec, ...]:
         weights[name] = t.weight
     total = sum(weights.get(n, 1.0) for n in names) or 1.0
     caps = fleet.capacity()
+    unset = [n for n in names if not (n in configured and configured[n].quotas)]
+    unset_total = sum(weights.get(n, 1.0) for n in unset)
+    nominal = {t: _largest_remainder(c * unset_total / total, {n: weights.get(n, 1.0) for n in unset}) for t, c in caps.items()}
     out = []
     for name in names:
         if name in configured and configured[name].quotas:
             out.append(configured[name])
             continue
         w = weights.get(name, 1.0)
-        quotas = tuple((t, Quota(nominal=math.floor(c * w / total))) for t, c in caps.items())
+        quotas = tuple((t, Quota(nominal=nominal[t][name])) for t in caps)
         cohort = configured[name].cohort if name in configured else "fleet"
         out.append(TenantSpec(name=name, weight=w, cohort=cohort or "fleet", quotas=quotas))
     return tuple(out)
+
+
+def _largest_remainder(amount: float, weights: dict[str, float]) -> dict[str, int]:
+    """``floor(amount)`` split in proportion to ``weights`` in whole units (Hamilton's method; ties by name)."""
+    total = sum(weights.values())
+    if total <= 0 or not weights:
+        return dict.fromkeys(weights, 0)
+    exact = {n: amount * w / total for n, w in weights.items()}
+    out = {n: math.floor(x) for n, x in exact.items()}
+    left = math.floor(amount + 1e-9) - sum(out.values())
+    for n in sorted(exact, key=lambda n: (-(exact[n] - out[n]), n))[: max(0, left)]:
+        out[n] += 1
+    return out
 
 
 def size_class(gpus: int) -> str:

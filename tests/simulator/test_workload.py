@@ -80,7 +80,13 @@ def test_unconfigured_tenants_get_quotas_in_proportion_to_their_weight():
     lightest = min(tenants, key=lambda t: t.weight)
     nominal = {t.name: sum(q.nominal for _, q in t.quotas) for t in tenants}
     assert nominal[heaviest.name] > nominal[lightest.name]
-    assert sum(nominal.values()) <= spec.total_gpus()
+    # Largest remainder: every GPU of every type lies within exactly one tenant's nominal quota.
+    for gpu_type, capacity in spec.capacity().items():
+        assert sum(dict(t.quotas)[gpu_type].nominal for t in tenants) == capacity
+    for t in tenants:
+        for gpu_type, quota in t.quotas:
+            exact = spec.capacity()[gpu_type] * t.weight / sum(u.weight for u in tenants)
+            assert abs(quota.nominal - exact) < 1
 
 
 def test_every_gpu_type_of_a_synthetic_workload_sees_about_the_target_load():
