@@ -7,8 +7,8 @@ The phases (each a named function below; docs/scheduler.md states the policy):
    only brings it up to date).
 2. ``restore_nominations``: a standing nomination whose victims still run keeps its
    GPUs; one whose victims have stopped binds onto them.
-3. ``order_queue``: holders of standing reservations first, then weighted DRF across
-   tenants, priority with aging and age within a tenant.
+3. ``order_queue``: holders of standing reservations first, then weighted fair share per GPU
+   type across tenants, priority with aging (and the short-job boost) and age within a tenant.
 4. ``admit``, per job in that order: can the shape ever fit; quota; placement (honouring
    reservations: EASY backfill); if blocked, a preemption plan when entitled; else the
    first blocked job of its GPU type takes that type's reservation for this cycle.
@@ -236,9 +236,10 @@ def restore_nominations(cycle: Cycle, standing: tuple[Reservation, ...]) -> None
 
 
 def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
-    """Phase 3: 1. holders of standing reservations (earliest start first), 2. the rest in weighted DRF order.
+    """Phase 3: 1. holders of standing reservations (earliest start first), 2. the rest in weighted fair-share
+    order per GPU type (:class:`scheduler.core.order.FairQueue`).
 
-    The DRF part is lazy: a tenant's share is recomputed after each of its binds.
+    The fair part is lazy: a tenant's share is recomputed after each of its binds.
     """
     first = [cycle.pending[job_id] for job_id in cycle.standing if job_id not in cycle.done]
     taken = cycle.done | {job.id for job in first}

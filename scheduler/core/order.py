@@ -67,7 +67,8 @@ def victim_cost_key(job: RunningJob, now: float) -> tuple[float, int, float, str
 
 
 def dominant_share(book: QuotaBook, tenant: str, capacity: dict[str, int], half_life_s: float) -> float:
-    """Weighted DRF share: max over GPU types of effective use / the type's GPUs, divided by weight.
+    """Weighted DRF share: max over GPU types of effective use / the type's GPUs, divided by weight (reported as a
+    summary; the queue is ordered per type, :func:`type_share`).
 
     Effective use of a type = GPUs held now + decayed past GPU-seconds * ln 2 / half-life.
     The factor turns a decayed integral back into GPUs: a tenant that has held g GPUs for
@@ -84,61 +85,77 @@ def dominant_share(book: QuotaBook, tenant: str, capacity: dict[str, int], half_
     return share / state.weight
 
 
-def tenant_key(share: float, tenant: str) -> tuple[float, str]:
-    """Across tenants: 1. lowest weighted dominant share, 2. tenant name."""
-    return (round(share, 12), tenant)
+def type_share(book: QuotaBook, tenant: str, gpu_type: str, capacity: dict[str, int], half_life_s: float) -> float:
+    """A tenant's weighted share of one GPU type: its effective use of the type (as in :func:`dominant_share`)
+    over the type's GPUs, divided by its weight. What the queue is ordered by: each type is its own pool."""
+    state = book.tenant(tenant)
+    total = capacity.get(gpu_type, 0)
+    if total <= 0:
+        return 0.0
+    per_s = math.log(2) / half_life_s if half_life_s > 0 else 0.0
+    return (state.used.get(gpu_type, 0) + state.decayed.get(gpu_type, 0.0) * per_s) / total / state.weight
+
+
+def tenant_key(share: float, tenant: str, gpu_type: str) -> tuple[float, str, str]:
+    """Across tenants, per GPU type: 1. lowest weighted share of the type, 2. tenant name, 3. GPU type."""
+    return (round(share, 12), tenant, gpu_type)
 
 
 class FairQueue:
-    """Jobs in weighted-DRF order, recomputed as the cycle binds (DRF's progressive filling).
+    """Jobs in weighted fair-share order per GPU type, recomputed as the cycle binds (progressive filling).
 
-    ``pop()`` gives the next job of the tenant with the lowest dominant share; after the
-    caller binds or skips it, the tenant goes back with its share as it is then.
+    Each (tenant, GPU type) has its queue; the next job comes from the queue whose tenant has the
+    lowest weighted share of that type (:func:`type_share`). After the caller binds or skips it,
+    that queue goes back with the share as it is then. Jobs of different types never compete for
+    the same GPUs, so a tenant's heavy use of one type does not push back its jobs for another
+    (per-type quotas, R4.1, already say what each type owes it); within one type this is weighted
+    DRF (R4.2), with past usage fading with the half-life.
     """
 
     def __init__(self, jobs: list[PendingJob], book: QuotaBook, capacity: dict[str, int], now: float, config: SchedulerConfig) -> None:
         self._book, self._capacity, self._half_life = book, capacity, config.usage_half_life_s
-        #: tenant -> (usage version it was computed at, share)
-        self._shares: dict[str, tuple[int, float]] = {}
-        by_tenant: dict[str, list[PendingJob]] = {}
+        #: (tenant, GPU type) -> (the tenant's usage version it was computed at, share)
+        self._shares: dict[tuple[str, str], tuple[int, float]] = {}
+        by_queue: dict[tuple[str, str], list[PendingJob]] = {}
         for job in jobs:
-            by_tenant.setdefault(job.tenant, []).append(job)
-        self._queues: dict[str, list[PendingJob]] = {}
-        self._next: dict[str, int] = {}
-        #: (key, tenant, the tenant's usage version the key was computed at)
-        self._heap: list[tuple[tuple[float, str], str, int]] = []
-        for tenant in sorted(by_tenant):
-            self._queues[tenant] = sorted(by_tenant[tenant], key=partial(within_tenant_key, now=now, config=config))
-            self._next[tenant] = 0
-            self._heap.append(self._entry(tenant))
+            by_queue.setdefault((job.tenant, job.gpu_type), []).append(job)
+        self._queues: dict[tuple[str, str], list[PendingJob]] = {}
+        self._next: dict[tuple[str, str], int] = {}
+        #: (key, queue, the tenant's usage version the key was computed at)
+        self._heap: list[tuple[tuple[float, str, str], tuple[str, str], int]] = []
+        for queue in sorted(by_queue):
+            self._queues[queue] = sorted(by_queue[queue], key=partial(within_tenant_key, now=now, config=config))
+            self._next[queue] = 0
+            self._heap.append(self._entry(queue))
         heapq.heapify(self._heap)
 
-    def _share(self, tenant: str) -> float:
+    def _share(self, queue: tuple[str, str]) -> float:
+        tenant, gpu_type = queue
         version = self._book.tenant(tenant).version
-        cached = self._shares.get(tenant)
+        cached = self._shares.get(queue)
         if cached is None or cached[0] != version:
-            cached = (version, dominant_share(self._book, tenant, self._capacity, self._half_life))
-            self._shares[tenant] = cached
+            cached = (version, type_share(self._book, tenant, gpu_type, self._capacity, self._half_life))
+            self._shares[queue] = cached
         return cached[1]
 
-    def _entry(self, tenant: str) -> tuple[tuple[float, str], str, int]:
-        return (tenant_key(self._share(tenant), tenant), tenant, self._book.tenant(tenant).version)
+    def _entry(self, queue: tuple[str, str]) -> tuple[tuple[float, str, str], tuple[str, str], int]:
+        return (tenant_key(self._share(queue), *queue), queue, self._book.tenant(queue[0]).version)
 
     def __iter__(self) -> Iterator[PendingJob]:
         heap, queues = self._heap, self._queues
         while heap:
-            _, tenant, version = heapq.heappop(heap)
-            queue, index = queues[tenant], self._next[tenant]
-            state = self._book.tenant(tenant)
+            _, key, version = heapq.heappop(heap)
+            queue, index = queues[key], self._next[key]
+            state = self._book.tenant(key[0])
             # While the tenant's usage is as it was when its key was computed, the key stands, and it was
-            # the smallest (keys are unique by tenant name): it would be popped again at once, so go on
+            # the smallest (keys are unique by queue): it would be popped again at once, so go on
             # without the heap. (Its usage may have changed since, before the queue was walked: then
-            # it gets one job, as every popped tenant does, and goes back with its key as it is now.)
+            # it gets one job, as every popped queue does, and goes back with its key as it is now.)
             while True:
                 yield queue[index]
                 index += 1
                 if index == len(queue) or state.version != version:
                     break
-            self._next[tenant] = index
+            self._next[key] = index
             if index < len(queue):
-                heapq.heappush(heap, self._entry(tenant))
+                heapq.heappush(heap, self._entry(key))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import PendingJob, Quota, SchedulerConfig, TenantView
-from scheduler.core.order import FairQueue, dominant_share, tenant_key, within_tenant_key
+from scheduler.core.order import FairQueue, tenant_key, type_share, within_tenant_key
 from scheduler.core.quota import QuotaBook
 
 TYPES = ("A", "B")
@@ -118,7 +118,8 @@ def queues(draw: st.DrawFn) -> list[PendingJob]:
 def test_the_fair_queue_pops_as_a_heap_recomputed_after_every_job(
     world, jobs: list[PendingJob], binds: list[bool], before: list[tuple[str, int]]
 ) -> None:
-    """Reference: after each job, the tenant goes back on the heap with its share as it is then.
+    """Reference: one queue per (tenant, GPU type); after each job, the queue goes back on the heap with its
+    tenant's share of that type as it is then.
 
     ``before``: binds made after the queue was built and before it is walked (the cycle binds
     holders of standing reservations first), so some keys on the heap are stale when popped.
@@ -139,26 +140,26 @@ def test_the_fair_queue_pops_as_a_heap_recomputed_after_every_job(
 
     want: list[str] = []
     book = QuotaBook(views, usage=usage)
-    by_tenant: dict[str, list[PendingJob]] = {}
+    by_queue: dict[tuple[str, str], list[PendingJob]] = {}
     for job in jobs:
-        by_tenant.setdefault(job.tenant, []).append(job)
-    for tenant in by_tenant:
-        by_tenant[tenant].sort(key=lambda j: within_tenant_key(j, now, config))
+        by_queue.setdefault((job.tenant, job.gpu_type), []).append(job)
+    for q in by_queue:
+        by_queue[q].sort(key=lambda j: within_tenant_key(j, now, config))
 
-    def key(tenant: str) -> tuple[float, str]:
-        return tenant_key(dominant_share(book, tenant, capacity, config.usage_half_life_s), tenant)
+    def key(q: tuple[str, str]) -> tuple[float, str, str]:
+        return tenant_key(type_share(book, q[0], q[1], capacity, config.usage_half_life_s), *q)
 
-    heap = [(key(t), t) for t in by_tenant]
+    heap = [(key(q), q) for q in by_queue]
     heapq.heapify(heap)
     for name, gpus in before:
         book.add(name, "A", gpus)
     while heap:
-        _, tenant = heapq.heappop(heap)
-        job = by_tenant[tenant].pop(0)
+        _, q = heapq.heappop(heap)
+        job = by_queue[q].pop(0)
         n = len(want)
         want.append(job.id)
         if n < len(binds) and binds[n]:
             book.add(job.tenant, job.gpu_type, job.gpu_count)
-        if by_tenant[tenant]:
-            heapq.heappush(heap, (key(tenant), tenant))
+        if by_queue[q]:
+            heapq.heappush(heap, (key(q), q))
     assert got == want

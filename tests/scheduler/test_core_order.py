@@ -1,4 +1,4 @@
-"""Fair order: weighted DRF with decayed usage, then priority with aging, then age, then id."""
+"""Fair order: weighted fair share per GPU type with decayed usage, then priority with aging, then age, then id."""
 
 from __future__ import annotations
 
@@ -28,6 +28,21 @@ def test_a_tenant_with_twice_the_weight_may_use_twice_as_much_before_yielding() 
     # Shares: a 8/24/2 = 0.167 < b 5/24 = 0.208, so a goes first although b's job is older.
     decisions = run_cycle(snap(leaf_nodes("l1", 3), pending, running_jobs=used, tenants=tenants), 10.0)
     assert [b.job_id for b in decisions.binds] == ["a1", "b1"]
+
+
+def test_heavy_use_of_one_gpu_type_does_not_push_back_a_tenant_on_another() -> None:
+    """Per-type fair share: a holds a whole L40S node, but on H100 both use nothing, so age decides (a's job is older).
+    Under DRF's max over types, a's L40S share would put b first."""
+    nodes = leaf_nodes("l1", 1) + leaf_nodes("l2", 1, gpu_type="L40S")
+    busy = running("a-l40s", {"l2-n0": tuple(range(8))}, tenant="a", gpu_type="L40S")
+    pending = [job("a1", 8, tenant="a", queued_at=0), job("b1", 8, tenant="b", queued_at=5)]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=[busy], config=SchedulerConfig(short_job_boost=0.0)), 10.0)
+    assert list(placed(decisions)) == ["a1"]
+    # On the type a uses, it yields: b goes first there.
+    pending = [job("a2", 8, tenant="a", queued_at=0, gpu_type="L40S"), job("b2", 8, tenant="b", queued_at=5, gpu_type="L40S")]
+    nodes = leaf_nodes("l1", 1) + leaf_nodes("l2", 2, gpu_type="L40S")
+    decisions = run_cycle(snap(nodes, pending, running_jobs=[busy], config=SchedulerConfig(short_job_boost=0.0)), 10.0)
+    assert list(placed(decisions)) == ["b2"]
 
 
 def test_decayed_usage_counts_as_gpus_through_the_half_life() -> None:
