@@ -94,6 +94,8 @@ class Settings(BaseSettings):
     #: Priority points a small, short job gains within its tenant's queue (0: age order only).
     short_job_boost: float = 90.0
     short_job_ref_gpu_h: float = 64.0
+    #: Jobs expected to use at most this many GPU-hours go first, in fair order among themselves (0: no fast lane).
+    fast_lane_gpu_h: float = 8.0
     #: Elastic jobs grow onto GPUs free this long while no job of their type waits.
     elastic_grow_idle_s: float = 300.0
     #: An elastic job grows at most once per this interval (shrinking for a waiting job is never delayed).

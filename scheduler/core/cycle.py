@@ -7,8 +7,9 @@ The phases (each a named function below; docs/scheduler.md states the policy):
    only brings it up to date).
 2. ``restore_nominations``: a standing nomination whose victims still run keeps its
    GPUs; one whose victims have stopped binds onto them.
-3. ``order_queue``: holders of standing reservations first, then weighted fair share per GPU
-   type across tenants, priority with aging (and the short-job boost) and age within a tenant.
+3. ``order_queue``: holders of standing reservations first, then the fast lane (short jobs), then
+   the rest; each in weighted fair share per GPU type across tenants, priority with aging (and the
+   short-job boost) and age within a tenant.
 4. ``admit``, per job in that order: can the shape ever fit; quota; placement (honouring
    reservations: EASY backfill); if blocked, a preemption plan when entitled; else the
    first blocked job of its GPU type takes that type's reservation for this cycle.
@@ -21,12 +22,12 @@ The phases (each a named function below; docs/scheduler.md states the policy):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
 from scheduler.core.elastic import grow, plan_shrink
-from scheduler.core.order import FairQueue, reservation_head_key, standing_key
+from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook
@@ -236,15 +237,30 @@ def restore_nominations(cycle: Cycle, standing: tuple[Reservation, ...]) -> None
 
 
 def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
-    """Phase 3: 1. holders of standing reservations (earliest start first), 2. the rest in weighted fair-share
-    order per GPU type (:class:`scheduler.core.order.FairQueue`).
+    """Phase 3: 1. holders of standing reservations (earliest start first), 2. the fast lane (jobs expected to use
+    at most ``fast_lane_gpu_h`` GPU-hours), 3. the rest; 2 and 3 each in weighted fair-share order per GPU type
+    (:class:`scheduler.core.order.FairQueue`).
 
-    The fair part is lazy: a tenant's share is recomputed after each of its binds.
+    The fair part is lazy: a tenant's share is recomputed after each of its binds, and the rest's queue is
+    built only once the lane has been walked, so it starts from the shares the lane's binds left.
     """
     first = [cycle.pending[job_id] for job_id in cycle.standing if job_id not in cycle.done]
     taken = cycle.done | {job.id for job in first}
-    rest = [job for job_id, job in cycle.pending.items() if job_id not in taken]
-    return chain(first, FairQueue(rest, cycle.book, cycle.capacity, cycle.now, cycle.config))
+    lane: list[PendingJob] = []
+    rest: list[PendingJob] = []
+    for job_id, job in cycle.pending.items():
+        if job_id not in taken:
+            (lane if in_fast_lane(job, cycle.config) else rest).append(job)
+    return chain(
+        first,
+        FairQueue(lane, cycle.book, cycle.capacity, cycle.now, cycle.config),
+        _later(lambda: FairQueue(rest, cycle.book, cycle.capacity, cycle.now, cycle.config)),
+    )
+
+
+def _later(make: Callable[[], Iterable[PendingJob]]) -> Iterator[PendingJob]:
+    """Iterate what ``make`` builds, built only when the first item is asked for."""
+    yield from make()
 
 
 # ---------------------------------------------------------------- 4. admit

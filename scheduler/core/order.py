@@ -38,6 +38,11 @@ def short_job_boost(job: PendingJob, config: SchedulerConfig) -> float:
     return config.short_job_boost * max(0.0, 1.0 - math.log(gpu_h) / math.log(ref))
 
 
+def in_fast_lane(job: PendingJob, config: SchedulerConfig) -> bool:
+    """Is the job expected to use at most ``fast_lane_gpu_h`` GPU-hours (GPUs x expected run time)?"""
+    return config.fast_lane_gpu_h > 0.0 and job.gpu_count * job.expected_s <= config.fast_lane_gpu_h * 3600.0
+
+
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
     """A tenant's own queue: 1. higher aged priority plus the short-job boost, 2. waited longer, 3. queued earlier, 4. job id."""
     waited = waited_s(job, now)

@@ -181,6 +181,10 @@ class SchedulerConfig:
     #: (100), so it orders jobs within a class (short first) and never lifts a fresh job over a higher class.
     short_job_boost: float = 90.0
     short_job_ref_gpu_h: float = 64.0
+    #: Fast lane: jobs expected to use at most this many GPU-hours (GPUs x expected run time: learned, else the
+    #: limit) are ordered before all others, in the same per-type fair-share order among themselves; then the rest.
+    #: Quotas, the first pass for jobs within their guarantee, and reservations still apply. 0 turns it off.
+    fast_lane_gpu_h: float = 8.0
     #: After this long waiting a job may preempt to start.
     max_wait_s: float = 6 * 3600.0
     #: A job is not preempted before it has run this long since it last started.

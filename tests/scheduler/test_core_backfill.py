@@ -199,6 +199,7 @@ def test_a_reservation_slips_and_is_planned_again_when_a_backfilled_job_outlives
 
 
 def test_short_jobs_go_first_within_a_tenant_and_priority_class_but_not_across_classes() -> None:
+    """The short-job boost alone (no fast lane): shortest first within a class, never across classes."""
     from scheduler.core.cycle import queue_order
 
     nodes = leaf_nodes("l1", 1)
@@ -206,9 +207,32 @@ def test_short_jobs_go_first_within_a_tenant_and_priority_class_but_not_across_c
     new_short = job("new-short", 1, queued_at=3600, runtime=0.5 * H)  # half a GPU-hour: the full boost
     low_short = job("low-short", 1, queued_at=0, runtime=0.5 * H, priority=0)
     now = 2 * H
-    assert queue_order(snap(nodes, [old_long, new_short, low_short]), now) == ["new-short", "old-long", "low-short"]
-    off = SchedulerConfig(short_job_boost=0.0)
+    no_lane = SchedulerConfig(fast_lane_gpu_h=0.0)
+    assert queue_order(snap(nodes, [old_long, new_short, low_short], config=no_lane), now) == ["new-short", "old-long", "low-short"]
+    off = SchedulerConfig(short_job_boost=0.0, fast_lane_gpu_h=0.0)
     assert queue_order(snap(nodes, [old_long, new_short, low_short], config=off), now) == ["old-long", "new-short", "low-short"]
     # Bounded: the boost is worth 9 h of aging, so a short job submitted more than 9 h later queues behind.
     later_short = job("later-short", 1, queued_at=9.5 * H, runtime=0.5 * H)
-    assert queue_order(snap(nodes, [old_long, later_short]), 11 * H) == ["old-long", "later-short"]
+    assert queue_order(snap(nodes, [old_long, later_short], config=no_lane), 11 * H) == ["old-long", "later-short"]
+
+
+def test_the_fast_lane_goes_before_longer_jobs_of_every_class_and_tenant() -> None:
+    """Jobs expected to use at most ``fast_lane_gpu_h`` GPU-hours come first (in fair order among themselves),
+    whatever the class, age or tenant share of the longer jobs; a learned run time counts, not the limit."""
+    from scheduler.core.cycle import queue_order
+
+    nodes = leaf_nodes("l1", 1)
+    old_long = job("old-long", 8, queued_at=0, runtime=8 * H)  # 64 GPU-hours
+    high_long = job("high-long", 2, queued_at=0, runtime=8 * H, priority=200)  # 16 GPU-hours
+    low_short = job("low-short", 1, queued_at=H, runtime=0.5 * H, priority=0)  # half a GPU-hour
+    # Limit 24 h (192 GPU-hours), but learned: 30 min on 8 GPUs (4 GPU-hours): in the lane.
+    learned = replace(job("learned", 8, queued_at=H, runtime=24 * H), expected_runtime_s=0.5 * H)
+    got = queue_order(snap(nodes, [old_long, high_long, low_short, learned]), 2 * H)
+    assert got[:2] == ["learned", "low-short"] and got[2:] == ["high-long", "old-long"]
+    # A tenant that holds a lot of the type still gets its short job in ahead of another tenant's long one.
+    heavy = running("heavy-run", {"l1-n0": tuple(range(8))}, tenant="b")
+    mine = [job("a-long", 4, tenant="a", queued_at=0, runtime=4 * H), job("b-short", 4, tenant="b", queued_at=H, runtime=H)]
+    assert queue_order(snap(leaf_nodes("l1", 2), mine, running_jobs=[heavy]), 2 * H) == ["b-short", "a-long"]
+    # Off: fair share decides (a uses nothing).
+    off = SchedulerConfig(fast_lane_gpu_h=0.0)
+    assert queue_order(snap(leaf_nodes("l1", 2), mine, running_jobs=[heavy], config=off), 2 * H) == ["a-long", "b-short"]
