@@ -236,3 +236,22 @@ def test_the_fast_lane_goes_before_longer_jobs_of_every_class_and_tenant() -> No
     # Off: fair share decides (a uses nothing).
     off = SchedulerConfig(fast_lane_gpu_h=0.0)
     assert queue_order(snap(leaf_nodes("l1", 2), mine, running_jobs=[heavy], config=off), 2 * H) == ["a-long", "b-short"]
+
+
+def test_the_fast_lane_is_fair_among_tenants_and_the_rest_starts_from_the_shares_it_left() -> None:
+    from scheduler.core.cycle import queue_order
+
+    nodes = leaf_nodes("l1", 8)
+    # One tenant floods the lane with short jobs; another's short jobs still alternate with them.
+    flood = [job(f"f{i}", 1, tenant="flood", queued_at=0, runtime=0.5 * H) for i in range(6)]
+    other = [job(f"o{i}", 1, tenant="other", queued_at=H, runtime=0.5 * H) for i in range(2)]
+    assert queue_order(snap(nodes, flood + other), 2 * H)[:4] in (["f0", "o0", "f1", "o1"], ["o0", "f0", "o1", "f1"])
+    # a uses less than b before the cycle, but its lane job (4 GPU-hours on 8 GPUs) makes it the heavier one:
+    # after the lane, b's long job goes before a's.
+    held = running("b-run", {"l1-n0": (0, 1, 2, 3)}, tenant="b")
+    pending = [
+        job("a-short", 8, tenant="a", queued_at=0, runtime=0.5 * H),
+        job("a-long", 8, tenant="a", queued_at=0, runtime=4 * H),
+        job("b-long", 8, tenant="b", queued_at=0, runtime=4 * H),
+    ]
+    assert queue_order(snap(nodes, pending, running_jobs=[held]), 2 * H) == ["a-short", "b-long", "a-long"]
