@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     short_job_ref_gpu_h: float = 64.0
     #: Jobs expected to use at most this many GPU-hours go first, in fair order among themselves (0: no fast lane).
     fast_lane_gpu_h: float = 8.0
+    #: The most of a GPU type the fast lane's jobs may hold (share of its GPUs); beyond, short jobs queue fairly.
+    fast_lane_max_share: float = 0.25
     #: Elastic jobs grow onto GPUs free this long while no job of their type waits.
     elastic_grow_idle_s: float = 300.0
     #: An elastic job grows at most once per this interval (shrinking for a waiting job is never delayed).

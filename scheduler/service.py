@@ -128,6 +128,7 @@ class PlacementService:
             short_job_boost=settings.short_job_boost,
             short_job_ref_gpu_h=settings.short_job_ref_gpu_h,
             fast_lane_gpu_h=settings.fast_lane_gpu_h,
+            fast_lane_max_share=settings.fast_lane_max_share,
             elastic_grow_idle_s=settings.elastic_grow_idle_s,
             elastic_resize_interval_s=settings.elastic_resize_interval_s,
         )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from scheduler.core.elastic import grow, plan_shrink
-from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, standing_key
+from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, runs_in_fast_lane, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook
@@ -242,7 +242,8 @@ def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
     (:class:`scheduler.core.order.FairQueue`).
 
     The fair part is lazy: a tenant's share is recomputed after each of its binds, and the rest's queue is
-    built only once the lane has been walked, so it starts from the shares the lane's binds left.
+    built only once the lane has been walked, so it starts from the shares the lane's binds left. The lane is
+    bounded (``fast_lane_max_share``): a lane job that would take its type's lane past the bound joins the rest.
     """
     first = [cycle.pending[job_id] for job_id in cycle.standing if job_id not in cycle.done]
     taken = cycle.done | {job.id for job in first}
@@ -251,11 +252,28 @@ def order_queue(cycle: Cycle) -> Iterator[PendingJob]:
     for job_id, job in cycle.pending.items():
         if job_id not in taken:
             (lane if in_fast_lane(job, cycle.config) else rest).append(job)
-    return chain(
-        first,
-        FairQueue(lane, cycle.book, cycle.capacity, cycle.now, cycle.config),
-        _later(lambda: FairQueue(rest, cycle.book, cycle.capacity, cycle.now, cycle.config)),
-    )
+    rest_queue = _later(lambda: FairQueue(rest, cycle.book, cycle.capacity, cycle.now, cycle.config))
+    return chain(first, _bounded_lane(cycle, lane, rest), rest_queue)
+
+
+def _bounded_lane(cycle: Cycle, lane: list[PendingJob], rest: list[PendingJob]) -> Iterator[PendingJob]:
+    """The lane in fair order, bounded per GPU type: the running lane jobs and the lane jobs listed so far this
+    cycle (whether they bind now, in the borrowers' pass or not at all) hold at most ``fast_lane_max_share`` of
+    the type's GPUs; a job past the bound is moved to ``rest`` (not yet built) and queues with it."""
+    if not lane:
+        return
+    config = cycle.config
+    held: dict[str, int] = {}
+    for running in cycle.running.values():
+        if runs_in_fast_lane(running, config):
+            held[running.gpu_type] = held.get(running.gpu_type, 0) + running.gpu_count
+    for job in FairQueue(lane, cycle.book, cycle.capacity, cycle.now, config):
+        used = held.get(job.gpu_type, 0) + job.gpu_count
+        if used > config.fast_lane_max_share * cycle.capacity.get(job.gpu_type, 0):
+            rest.append(job)
+            continue
+        held[job.gpu_type] = used
+        yield job
 
 
 def _later(make: Callable[[], Iterable[PendingJob]]) -> Iterator[PendingJob]:

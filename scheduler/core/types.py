@@ -185,6 +185,10 @@ class SchedulerConfig:
     #: limit) are ordered before all others, in the same per-type fair-share order among themselves; then the rest.
     #: Quotas, the first pass for jobs within their guarantee, and reservations still apply. 0 turns it off.
     fast_lane_gpu_h: float = 8.0
+    #: The lane's bound: its jobs (running ones expected to use at most ``fast_lane_gpu_h`` GPU-hours, counted with
+    #: those it binds this cycle) hold at most this share of a GPU type's GPUs; past it, further short jobs of the
+    #: type queue in the fair order with the rest, so a flood of short jobs cannot take a type from longer ones.
+    fast_lane_max_share: float = 0.25
     #: After this long waiting a job may preempt to start.
     max_wait_s: float = 6 * 3600.0
     #: A job is not preempted before it has run this long since it last started.

@@ -9,7 +9,9 @@ from tests.scheduler.test_core_builders import H, Sim, job, leaf_nodes, placed, 
 
 MIN = 60.0
 #: These tests are about reservations and backfill, with the queue in age order: no short-job boost.
-AGE_ORDER = SchedulerConfig(short_job_boost=0.0)
+#: Age order within a tenant, and no fast lane: these tests are about backfill mechanics on two or three nodes,
+#: where the lane's bound (a quarter of the GPUs) would decide which job goes first.
+AGE_ORDER = SchedulerConfig(short_job_boost=0.0, fast_lane_gpu_h=0.0)
 
 
 def _two_nodes_busy(n1_busy: tuple[int, ...] = (0, 1, 2, 3, 4, 5)) -> tuple[list, list]:
@@ -36,7 +38,7 @@ def test_a_job_that_ends_before_the_shadow_time_backfills_onto_reserved_gpus() -
 def test_a_job_that_would_delay_the_reservation_waits_behind_it() -> None:
     nodes, busy = _two_nodes_busy()
     pending = [job("big", 8, queued_at=0), job("long", 2, queued_at=1, runtime=4 * H)]
-    decisions = run_cycle(snap(nodes, pending, running_jobs=busy), 10.0)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=AGE_ORDER), 10.0)
     assert decisions.binds == ()
     assert decisions.pending_codes["long"] == Pending.RESERVED and decisions.pending_reasons["long"] == "reserved behind job big"
 
@@ -62,7 +64,7 @@ def test_a_long_job_may_use_nodes_outside_the_reservation() -> None:
 def test_without_backfill_nothing_passes_a_blocked_head() -> None:
     nodes, busy = _two_nodes_busy()
     pending = [job("big", 8, queued_at=0), job("short", 2, queued_at=1, runtime=0.5 * H)]
-    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=SchedulerConfig(backfill=False, short_job_boost=0.0)), 10.0)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, config=replace(AGE_ORDER, backfill=False)), 10.0)
     assert decisions.binds == ()
     assert decisions.pending_codes["short"] == Pending.BACKFILL_OFF
     assert decisions.pending_reasons["short"] == "reserved behind job big (backfill is off)"
@@ -221,7 +223,7 @@ def test_the_fast_lane_goes_before_longer_jobs_of_every_class_and_tenant() -> No
     whatever the class, age or tenant share of the longer jobs; a learned run time counts, not the limit."""
     from scheduler.core.cycle import queue_order
 
-    nodes = leaf_nodes("l1", 1)
+    nodes = leaf_nodes("l1", 8)  # 64 GPUs: the lane may hold 16
     old_long = job("old-long", 8, queued_at=0, runtime=8 * H)  # 64 GPU-hours
     high_long = job("high-long", 2, queued_at=0, runtime=8 * H, priority=200)  # 16 GPU-hours
     low_short = job("low-short", 1, queued_at=H, runtime=0.5 * H, priority=0)  # half a GPU-hour
@@ -255,3 +257,27 @@ def test_the_fast_lane_is_fair_among_tenants_and_the_rest_starts_from_the_shares
         job("b-long", 8, tenant="b", queued_at=0, runtime=4 * H),
     ]
     assert queue_order(snap(nodes, pending, running_jobs=[held]), 2 * H) == ["a-short", "b-long", "a-long"]
+
+
+def test_the_fast_lane_holds_at_most_its_share_of_a_gpu_type_and_the_rest_of_its_jobs_queue_fairly() -> None:
+    """A quarter of the type: running lane jobs count, and so do lane jobs listed before in the cycle."""
+    from scheduler.core.cycle import queue_order
+
+    nodes = leaf_nodes("l1", 4)  # 32 GPUs: the lane may hold 8
+    # b runs 4 GPUs of short jobs (lane jobs: 4 GPUs x 1 h), a runs one long 6-GPU job.
+    busy = [
+        running("b-run", {"l1-n0": (0, 1, 2, 3)}, tenant="b", end=H),
+        running("a-run", {"l1-n1": tuple(range(6))}, tenant="a", end=9 * H),
+    ]
+    pending = [
+        job("b-short1", 2, tenant="b", queued_at=0, runtime=H),
+        job("b-short2", 2, tenant="b", queued_at=1, runtime=H),  # 4 + 2 + 2 = 8: still in the lane
+        job("b-short3", 2, tenant="b", queued_at=2, runtime=H),  # past the bound: queues with the rest
+        job("a-long", 8, tenant="a", queued_at=3, runtime=4 * H),
+    ]
+    # In the rest, b (4 GPUs held, 8 with those listed) is now heavier than a (6): a's long job goes before b's third.
+    got = queue_order(snap(nodes, pending, running_jobs=busy), 2 * H)
+    assert got == ["b-short1", "b-short2", "a-long", "b-short3"]
+    # With a bound of one half (16 GPUs), all three are in the lane.
+    half = SchedulerConfig(fast_lane_max_share=0.5)
+    assert queue_order(snap(nodes, pending, running_jobs=busy, config=half), 2 * H) == ["b-short1", "b-short2", "b-short3", "a-long"]
