@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from scheduler.core.elastic import grow, plan_shrink
-from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, runs_in_fast_lane, standing_key
+from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, standing_key
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook
@@ -263,10 +263,7 @@ def _bounded_lane(cycle: Cycle, lane: list[PendingJob], rest: list[PendingJob]) 
     if not lane:
         return
     config = cycle.config
-    held: dict[str, int] = {}
-    for running in cycle.running.values():
-        if runs_in_fast_lane(running, config):
-            held[running.gpu_type] = held.get(running.gpu_type, 0) + running.gpu_count
+    held = dict(cycle.ws.lane_held_for(config.fast_lane_gpu_h * 3600.0))
     for job in FairQueue(lane, cycle.book, cycle.capacity, cycle.now, config):
         used = held.get(job.gpu_type, 0) + job.gpu_count
         if used > config.fast_lane_max_share * cycle.capacity.get(job.gpu_type, 0):

@@ -83,12 +83,10 @@ def above_minimum(ws: Workspace, job: RunningJob) -> list[tuple[Member, tuple[in
 
 
 def elastic_by_type(cycle: Cycle) -> dict[str, list[RunningJob]]:
-    """Running elastic jobs per GPU type, by id (built once per cycle; a plain attribute test per running job,
-    since most are fixed)."""
+    """Running elastic jobs per GPU type, by id (built once per cycle from the workspace's index of them)."""
     if cycle.elastic is None:
         cycle.elastic = {}
-        found = [job for job in cycle.running.values() if job.gpu_max is not None and job.elastic]
-        for job in sorted(found, key=lambda r: r.id):
+        for job in sorted(cycle.ws.elastic_running.values(), key=lambda r: r.id):
             cycle.elastic.setdefault(job.gpu_type, []).append(job)
     return cycle.elastic
 

@@ -43,11 +43,6 @@ def in_fast_lane(job: PendingJob, config: SchedulerConfig) -> bool:
     return config.fast_lane_gpu_h > 0.0 and job.gpu_count * job.expected_s <= config.fast_lane_gpu_h * 3600.0
 
 
-def runs_in_fast_lane(job: RunningJob, config: SchedulerConfig) -> bool:
-    """Is the running job expected to use at most ``fast_lane_gpu_h`` GPU-hours in all (GPUs x expected run time)?"""
-    return config.fast_lane_gpu_h > 0.0 and job.gpu_count * (job.expected_end - job.started_at) <= config.fast_lane_gpu_h * 3600.0
-
-
 def within_tenant_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
     """A tenant's own queue: 1. higher aged priority plus the short-job boost, 2. waited longer, 3. queued earlier, 4. job id."""
     waited = waited_s(job, now)

@@ -128,6 +128,13 @@ class Workspace:
                     node.ends.append((running.expected_end, len(member.gpu_indices)))
         #: Per GPU type, the running jobs that may ever be victims: preemptible, on a schedulable node.
         self.victims: dict[str, dict[str, RunningJob]] = {}
+        #: The fast lane's running jobs: those expected to use at most ``lane_gpu_s`` GPU-seconds in all
+        #: (GPUs x (expected end - start)), by job id with their GPU type and count, and GPUs per type.
+        self.lane_gpu_s = 0.0
+        self.lane_jobs: dict[str, tuple[str, int]] = {}
+        self.lane_held: dict[str, int] = {}
+        #: Running elastic jobs, by id.
+        self.elastic_running: dict[str, RunningJob] = {}
         for running in self.running.values():
             self.note_victim(running)
         self._journal: list[tuple[NodeState, tuple[int, ...], bool]] = []
@@ -279,12 +286,40 @@ class Workspace:
         node.ends = ends
 
     def note_victim(self, job: RunningJob) -> None:
-        """Count ``job`` among the GPU type's possible victims if it is preemptible and on a schedulable node."""
+        """A running job's view, new or again: count it among the GPU type's possible victims if it is preemptible
+        and on a schedulable node, among the fast lane's running jobs if it is one, and the elastic ones."""
         if job.preemptible and any(m.node_id in self.by_id for m in job.members):
             self.victims.setdefault(job.gpu_type, {})[job.id] = job
+        self._forget_lane(job.id)
+        if job.gpu_count * (job.expected_end - job.started_at) <= self.lane_gpu_s:
+            self.lane_jobs[job.id] = (job.gpu_type, job.gpu_count)
+            self.lane_held[job.gpu_type] = self.lane_held.get(job.gpu_type, 0) + job.gpu_count
+        if job.gpu_max is not None and job.elastic:
+            self.elastic_running[job.id] = job
+        else:
+            self.elastic_running.pop(job.id, None)
 
     def forget_victim(self, job: RunningJob) -> None:
+        """The job no longer runs as that view: out of the victims, the fast lane's running jobs and the elastic ones."""
         self.victims.get(job.gpu_type, {}).pop(job.id, None)
+        self._forget_lane(job.id)
+        self.elastic_running.pop(job.id, None)
+
+    def _forget_lane(self, job_id: str) -> None:
+        found = self.lane_jobs.pop(job_id, None)
+        if found is not None:
+            self.lane_held[found[0]] -= found[1]
+
+    def lane_held_for(self, lane_gpu_s: float) -> dict[str, int]:
+        """GPUs per type held by running jobs expected to use at most ``lane_gpu_s`` GPU-seconds (recounted only
+        when the limit changed since the last call; kept current as running jobs come and go)."""
+        if lane_gpu_s != self.lane_gpu_s:
+            self.lane_gpu_s = lane_gpu_s
+            self.lane_jobs.clear()
+            self.lane_held.clear()
+            for job in self.running.values():
+                self.note_victim(job)
+        return self.lane_held
 
 
 def _gpus_held_by_running(running: tuple[RunningJob, ...]) -> dict[str, set[int]]:
