@@ -81,13 +81,7 @@ def dominant_share(book: QuotaBook, tenant: str, capacity: dict[str, int], half_
     at steady state present and past weigh the same, and a heavy day fades with the half-life.
     """
     state = book.tenant(tenant)
-    per_s = math.log(2) / half_life_s if half_life_s > 0 else 0.0
-    share = 0.0
-    for gpu_type in sorted(set(state.used) | set(state.decayed)):
-        total = capacity.get(gpu_type, 0)
-        if total > 0:
-            share = max(share, (state.used.get(gpu_type, 0) + state.decayed.get(gpu_type, 0.0) * per_s) / total)
-    return share / state.weight
+    return max((type_share(book, tenant, t, capacity, half_life_s) for t in set(state.used) | set(state.decayed)), default=0.0)
 
 
 def type_share(book: QuotaBook, tenant: str, gpu_type: str, capacity: dict[str, int], half_life_s: float) -> float:
