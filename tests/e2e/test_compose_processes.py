@@ -42,8 +42,15 @@ TOKEN = "vision-compose-token"
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 SITE_PACKAGES = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
+
+def _others_can_enter(path: Path) -> bool:
+    """Can a user other than the owner (uid 10001 here) reach ``path``: every folder on the way searchable by others?"""
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
+
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="runs the services as the image's uid 10001: needs root"),
+    pytest.mark.skipif(not _others_can_enter(REPO), reason=f"uid 10001 cannot enter the checkout {REPO} (a folder on the way is private)"),
     pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason=f"{SYSTEM_PYTHON} is not installed (the image's user cannot run root's)"),
 ]
 
