@@ -43,13 +43,6 @@ ESTIMATE_HORIZON_S = 7 * 24 * 3600.0
 OVERDUE_S = 60.0
 
 
-def size_class(gpu_count: int) -> str:
-    """A job's size class for metrics: one GPU, up to one node (8), or several nodes."""
-    if gpu_count <= 1:
-        return "1"
-    return "2-8" if gpu_count <= 8 else "9+"
-
-
 @dataclass(frozen=True)
 class QueueView:
     """The queue in scheduling order, with predicted starts."""

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from api import insight
 from api.deps import State
 from fairgang.settings import Settings
+from simulator.workload import size_class
 from store import eta, health, jobs, observability
 from store.db import Database
 from store.models import Job
@@ -129,13 +130,13 @@ async def collect(
     )
     groups: dict[tuple[str, ...], list[float]] = {}
     for job in queued:
-        groups.setdefault((job.tenant, job.gpu_type, insight.size_class(job.gpu_count)), []).append(max(0.0, now - job.queued_at))
+        groups.setdefault((job.tenant, job.gpu_type, size_class(job.gpu_count)), []).append(max(0.0, now - job.queued_at))
     for key, waits in sorted(groups.items()):
         length.add_metric(list(key), len(waits))
         oldest.add_metric(list(key), max(waits))
     started_waits: dict[tuple[str, ...], list[observability.StartedWaits]] = {}
     for started in await observability.started_attempt_waits(db, WAIT_BUCKETS):
-        started_waits.setdefault((started.tenant, started.gpu_type, insight.size_class(started.gpu_count)), []).append(started)
+        started_waits.setdefault((started.tenant, started.gpu_type, size_class(started.gpu_count)), []).append(started)
     out += [
         length,
         oldest,

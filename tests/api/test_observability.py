@@ -8,11 +8,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.insight import size_class
 from api.metrics import requeue_reason
 from fairgang.cluster import node_credential
 from fairgang.members import PlacedMember
 from fairgang.spec import JobState
+from simulator.workload import size_class
 from store import jobs, placement
 from store.db import Database
 from tests.api.test_api import ADMIN, ALPHA, BETA, NODE
@@ -97,7 +97,7 @@ def test_requeue_reasons_and_size_classes_are_named() -> None:
     assert requeue_reason("preempted: preempted by admin") == "manual"
     assert requeue_reason("job failed (exit 3); retry 1 of 2") == "retry"
     assert requeue_reason("node h1 lost") == "infrastructure"
-    assert [size_class(n) for n in (1, 2, 8, 16)] == ["1", "2-8", "2-8", "9+"]
+    assert [size_class(n) for n in (1, 2, 8, 9, 32, 33)] == ["1", "2-8", "2-8", "9-32", "9-32", "33+"]
 
 
 async def test_fleet_shows_each_topology_domain_with_its_fragmentation(api: httpx.AsyncClient, seeded: Database) -> None:

@@ -129,7 +129,7 @@ def test_prometheus_reads_the_same_numbers_as_the_api(platform: Platform, promet
 
     queue = get(platform, "/v1/queue")
     assert [q["job"]["id"] for q in queue] == [waiting["id"]]
-    prometheus.eventually('fairgang_queue_length{tenant="alpha", gpu_type="H100-80GB", size_class="9+"}', 1)
+    prometheus.eventually('fairgang_queue_length{tenant="alpha", gpu_type="H100-80GB", size_class="9-32"}', 1)
     prometheus.eventually("sum(fairgang_queue_length)", len(queue))
 
     for tenant in get(platform, "/v1/tenants"):
