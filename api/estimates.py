@@ -35,6 +35,8 @@ CALIBRATOR_WINDOW = 500
 CALIBRATOR_MIN_SAMPLES = 20
 #: Records scored up to this long before the newest one read are read again (a write may commit late).
 REREAD_S = 60.0
+#: The view worker prunes the scored records past the retention at most this often (seconds).
+PRUNE_EVERY_S = 3600.0
 #: Thresholds of the shares reported (seconds).
 WITHIN_S = (600.0, 3600.0)
 
@@ -62,16 +64,36 @@ async def calibrator_from_store(db: Database) -> WaitCalibrator:
 class EtaKeeper:
     """The view worker's records of estimates and its calibrator, kept between queue views."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, retention_s: float = 30 * 86400.0) -> None:
         self.records: dict[Key, stored.Scored] = {}
         self.calibrator = calibrator_of(())
         self._newest: float | None = None
+        #: Scored records of jobs that started longer ago than this are folded into the totals and deleted.
+        self.retention_s = retention_s
+        self._pruned_at = -math.inf
         #: Waiting job -> the slots already recorded for it (jobs that left the queue are forgotten).
         self.slots: dict[str, set[int]] = {}
 
     async def refresh(self, db: Database, now: float) -> WaitCalibrator:
-        """Score what started since, read what was scored since the last read, and the calibrator of the window."""
+        """Score what started since, read what was scored since the last read, and the calibrator of the window;
+        at most every ``PRUNE_EVERY_S``, first prune the records past the retention (the window forgets them too,
+        so that it stays what the store holds)."""
         await stored.record_starts(db, now=now)
+        if now - self._pruned_at >= PRUNE_EVERY_S:
+            before = now - self.retention_s
+            try:
+                pruned = await stored.prune_scored(db, before=before)
+            except Exception:  # a clash with another API process's worker: tried again at the next view
+                log.warning("views: cannot prune the estimates' records", exc_info=True)
+            else:
+                self._pruned_at = now
+                old = [key for key, r in self.records.items() if r.started_at < before]
+                for key in old:
+                    del self.records[key]
+                if old:
+                    self.calibrator = calibrator_of(self.records.values())
+                if pruned:
+                    log.info("views: %d scored estimates past the retention folded into the totals", pruned)
         if self._newest is None:
             rows = await stored.latest_scored(db, limit=WINDOW_RECORDS)
         else:

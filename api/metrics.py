@@ -30,7 +30,6 @@ router = APIRouter(tags=["metrics"])
 
 WAIT_BUCKETS = (10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
 #: Buckets of the predicted starts' absolute errors (seconds).
-ETA_ERROR_BUCKETS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
 NODE_STATES = ("DOWN", "READY", "CORDONED", "LOST", "RETIRED")
 PREEMPT_REASONS = ("priority", "reclaim", "max_wait", "health")
 
@@ -181,7 +180,7 @@ async def collect(
         requeues.add_metric([reason], counted["REQUEUED"].get(reason, 0))
     out += [preemptions, requeues, resizes]
     out += list(await _health_events(db))
-    out += _eta_errors(await eta.error_counts(db, ETA_ERROR_BUCKETS))
+    out += _eta_errors(await eta.error_counts(db))
     return out
 
 
@@ -201,7 +200,7 @@ def _eta_errors(groups: Sequence[eta.ErrorCounts]) -> list[Metric]:
     )
     for g in sorted(groups, key=lambda g: (g.gpu_type, g.size_class, g.kind)):
         key = [g.gpu_type, g.size_class, g.kind]
-        buckets = [(str(b), float(n)) for b, n in zip(ETA_ERROR_BUCKETS, g.at_most, strict=True)]
+        buckets = [(str(b), float(n)) for b, n in zip(eta.ERROR_BOUNDS_S, g.at_most, strict=True)]
         buckets.append(("+Inf", float(g.count)))
         errors.add_metric(key, buckets, sum_value=g.sum_abs_s)
         covered.add_metric(key, g.covered)

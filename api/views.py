@@ -553,7 +553,7 @@ class Refresher:
         self.reader = SnapshotReader(runtimes=LearnedRuntimes(refresh_s=0.0))
         self.reader_lock = asyncio.Lock()
         #: The estimates' records and the calibrator made of their outcomes (``api.eta``).
-        self.eta = EtaKeeper()
+        self.eta = EtaKeeper(retention_s=settings.eta_retention_s)
         #: Held by a computation while it runs on the loop's thread (one at a time, so that each one's CPU time
         #: is its own); the forward simulation lets go of it while it runs elsewhere.
         self.computing = asyncio.Lock()

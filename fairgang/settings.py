@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     #: seconds, and prunes rows older than the retention.
     rollup_bucket_s: float = Field(default=60.0, gt=0)
     rollup_retention_s: float = Field(default=8 * 86400.0, gt=0)
+    #: The API keeps the queue's scored start estimates (``eta_record``: the calibrator's window and
+    #: ``GET /v1/eta-accuracy``) this long after their jobs started; older ones are folded into the totals the
+    #: ``fairgang_eta_*`` metrics count, and deleted.
+    eta_retention_s: float = Field(default=30 * 86400.0, gt=0)
     #: Nodes mount checkpoint storage here; a spec's checkpoint_dir is taken relative to it. None: as written.
     checkpoint_root: Path | None = None
     #: Node-local directory where an agent remembers the processes it started.

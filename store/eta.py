@@ -6,6 +6,10 @@ most one later sample per clock hour (``MAX_SAMPLES`` at most); once the job has
 records. Every write is idempotent: an estimate's key is (job, slot) and a second insert of it is ignored, a start
 is filled in only where none is yet, so a retry, a kill -9 between two writes or a second API process's worker
 changes nothing already written. Metrics and ``GET /v1/eta-accuracy`` are computed from the scored records.
+
+Scored records are kept for a retention (``FAIRGANG_ETA_RETENTION_S``); :func:`prune_scored` folds older ones into
+per-group totals (``eta_error_total``) and deletes them in one transaction, so the table stays bounded while
+:func:`error_counts` (the Prometheus counters) still counts every record ever scored, and never goes down.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col
 
 from store.db import Database
-from store.models import EtaRecord, Job
+from store.models import EtaErrorTotal, EtaRecord, Job
 
 #: At most this many later samples a job (its first estimate aside): a day of hourly samples.
 MAX_SAMPLES = 24
@@ -27,6 +31,8 @@ MAX_SAMPLES = 24
 FIRST, SAMPLE = "first", "sample"
 #: Rows written (or ids looked up) per statement.
 CHUNK = 500
+#: The absolute-error bounds (seconds) the error counts are bucketed by (the Prometheus histogram's buckets).
+ERROR_BOUNDS_S = (60.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
 
 
 def slot_of(made_at: float) -> int:
@@ -207,9 +213,13 @@ class ErrorCounts:
     late: int
 
 
-async def error_counts(db: Database, bounds: Sequence[float]) -> list[ErrorCounts]:
+def _bound_key(bound: float) -> str:
+    return repr(float(bound))
+
+
+async def error_counts(db: Database, bounds: Sequence[float] = ERROR_BOUNDS_S) -> list[ErrorCounts]:
     """Every scored record's absolute error (|most likely start - actual start|), counted in SQL by GPU type, size
-    class and kind."""
+    class and kind, with the totals folded from pruned records added (a bound they were not counted at adds 0)."""
     error = func.abs(col(EtaRecord.median) - col(EtaRecord.started_at))
     buckets = [func.sum(case((error <= bound, 1), else_=0)) for bound in bounds]
     inside = and_(col(EtaRecord.low) <= col(EtaRecord.started_at), col(EtaRecord.started_at) <= col(EtaRecord.high))
@@ -228,8 +238,9 @@ async def error_counts(db: Database, bounds: Sequence[float]) -> list[ErrorCount
             .group_by(*keys)
         )
         rows = (await session.execute(query)).all()
-    return [
-        ErrorCounts(
+        totals = list((await session.execute(select(EtaErrorTotal))).scalars())
+    out = {
+        (g, s, k): ErrorCounts(
             gpu_type=g,
             size_class=s,
             kind=k,
@@ -240,4 +251,64 @@ async def error_counts(db: Database, bounds: Sequence[float]) -> list[ErrorCount
             at_most=tuple(int(b or 0) for b in rest),
         )
         for g, s, k, n, total, c, late, *rest in rows
-    ]
+    }
+    for t in totals:
+        key = (t.gpu_type, t.size_class, t.kind)
+        live = out.get(key) or ErrorCounts(*key, count=0, sum_abs_s=0.0, at_most=tuple(0 for _ in bounds), covered=0, late=0)
+        out[key] = ErrorCounts(
+            gpu_type=t.gpu_type,
+            size_class=t.size_class,
+            kind=t.kind,
+            count=live.count + t.count,
+            sum_abs_s=live.sum_abs_s + t.sum_abs_s,
+            covered=live.covered + t.covered,
+            late=live.late + t.late,
+            at_most=tuple(n + int(t.at_most.get(_bound_key(b), 0)) for n, b in zip(live.at_most, bounds, strict=True)),
+        )
+    return [out[key] for key in sorted(out)]
+
+
+async def prune_scored(db: Database, *, before: float, bounds: Sequence[float] = ERROR_BOUNDS_S) -> int:
+    """Fold the scored records whose job started before ``before`` into ``eta_error_total`` and delete them, in
+    one transaction; how many were folded. Records are counted by the transaction that deletes them (a second
+    pruner waits for the first's row locks and finds them gone), so none is counted twice or lost; a clash of two
+    pruners creating the same group's totals fails one of them whole, to be tried again."""
+    returned = (
+        col(EtaRecord.gpu_type),
+        col(EtaRecord.size_class),
+        col(EtaRecord.kind),
+        col(EtaRecord.median),
+        col(EtaRecord.low),
+        col(EtaRecord.high),
+        col(EtaRecord.started_at),
+    )
+    async with db.transaction() as session:
+        gone = (
+            await session.execute(
+                delete(EtaRecord).where(col(EtaRecord.started_at).is_not(None), col(EtaRecord.started_at) < before).returning(*returned)
+            )
+        ).all()
+        if not gone:
+            return 0
+        folded: dict[tuple[str, str, str], list[tuple[float, float, float, float]]] = {}
+        for gpu_type, size, kind, median, low, high, started in gone:
+            folded.setdefault((gpu_type, size, kind), []).append((float(median), float(low), float(high), float(started)))
+        kept = {(t.gpu_type, t.size_class, t.kind): t for t in (await session.execute(select(EtaErrorTotal).with_for_update())).scalars()}
+        for key, rows in folded.items():
+            total = kept.get(key)
+            if total is None:
+                total = EtaErrorTotal(
+                    gpu_type=key[0], size_class=key[1], kind=key[2], count=0, sum_abs_s=0.0, covered=0, late=0, at_most={}
+                )
+                session.add(total)
+            errors = [abs(median - started) for median, _, _, started in rows]
+            total.count += len(rows)
+            total.sum_abs_s += sum(errors)
+            total.covered += sum(1 for _, low, high, started in rows if low <= started <= high)
+            total.late += sum(1 for median, _, _, started in rows if started > median)
+            # A new dict, so that the JSON column is seen to change.
+            total.at_most = {
+                **total.at_most,
+                **{_bound_key(b): int(total.at_most.get(_bound_key(b), 0)) + sum(1 for e in errors if e <= b) for b in bounds},
+            }
+    return len(gone)

@@ -376,3 +376,20 @@ class EtaRecord(SQLModel, table=True):
     #: The job's first start (None while it has not started), and when it was filled in.
     started_at: float | None = None
     scored_at: float | None = None
+
+
+class EtaErrorTotal(SQLModel, table=True):
+    """Scored ``eta_record`` rows past the retention, folded into totals per (GPU type, size class, kind) before they
+    are deleted (``store.eta.prune_scored``), so that the ``fairgang_eta_*`` counters never go down."""
+
+    __tablename__ = "eta_error_total"
+
+    gpu_type: str = Field(primary_key=True, max_length=64)
+    size_class: str = Field(primary_key=True, max_length=8)
+    kind: str = Field(primary_key=True, max_length=8)
+    count: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sum_abs_s: float
+    covered: int = Field(sa_column=Column(BigInteger, nullable=False))
+    late: int = Field(sa_column=Column(BigInteger, nullable=False))
+    #: An absolute-error bound (seconds, as ``repr(float)``) -> how many erred by at most it.
+    at_most: dict[str, int] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))

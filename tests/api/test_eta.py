@@ -93,14 +93,15 @@ async def test_the_accuracy_is_for_tenants_and_admins_and_checks_its_query(api: 
 
 
 async def test_with_enough_outcomes_the_queue_view_calibrates_its_starts(api: httpx.AsyncClient, seeded: Database) -> None:
-    # 25 earlier estimates of a 50-minute wait that took twice as long.
+    # 25 earlier estimates (of jobs started within the retention) of a 50-minute wait that took twice as long.
+    t = time.time() - 86400.0
     async with seeded.transaction() as session:
         for i in range(25):
             session.add(
                 EtaRecord(
                     job_id=f"j-old-{i}", slot=0, kind="first", tenant="alpha", gpu_type="H100-80GB", gpu_count=1, size_class="1",
-                    made_at=1000.0 + i, raw_start=4000.0 + i, median=4000.0 + i, low=4000.0 + i, high=4000.0 + i,
-                    started_at=7000.0 + i, scored_at=7100.0,
+                    made_at=t + i, raw_start=t + 3000.0 + i, median=t + 3000.0 + i, low=t + 3000.0 + i, high=t + 3000.0 + i,
+                    started_at=t + 6000.0 + i, scored_at=t + 6100.0,
                 )
             )  # fmt: skip
     waiting = await busy_fleet(api, seeded)
@@ -213,3 +214,17 @@ async def test_the_worker_reads_new_outcomes_incrementally_and_calibrates_as_the
     for wait in (30.0, 600.0, 3600.0, 20000.0):
         assert from_store.interval(wait, "1") == calibrator.interval(wait, "1")
         assert from_store.interval(wait, "33+") == calibrator.interval(wait, "33+")
+    # Past the retention (here: jobs started before 7215 s), scored records are folded into the totals: the
+    # window forgets them as the store does, and the metrics' counts stay as they were.
+    counts = await eta.error_counts(db)
+    keeper.retention_s = 9000.0 - 7215.0
+    calibrator = await keeper.refresh(db, 9000.0)
+    assert sorted(r.job_id for r in await records(db))[0] == "j-015"
+    assert len(keeper.records) == 25 and min(k[0] for k in keeper.records) == "j-015"
+    from_store = await estimates.calibrator_from_store(db)
+    for wait in (30.0, 600.0, 3600.0, 20000.0):
+        assert from_store.interval(wait, "1") == calibrator.interval(wait, "1")
+    assert await eta.error_counts(db) == counts
+    keeper.retention_s = 1.0  # pruned at most once an hour
+    await keeper.refresh(db, 9000.0 + estimates.PRUNE_EVERY_S - 1.0)
+    assert len(await records(db)) == 25

@@ -85,3 +85,34 @@ async def test_the_window_is_the_latest_starts_and_errors_are_counted_by_group(s
     assert (one.gpu_type, one.kind, one.count, one.sum_abs_s, one.at_most) == ("H100-80GB", "first", 3, 4800.0, (1, 2))
     assert (one.covered, one.late) == (1, 1)  # within +-600: only the first; started later than said: only the first
     assert (counts["2-8"].count, counts["2-8"].at_most, counts["2-8"].late) == (1, (0, 1), 1)
+
+
+async def test_records_past_the_retention_are_folded_into_totals_and_the_counts_never_change(seeded: Database) -> None:
+    ids = [(await queued_job(seeded, f"j{i}")).id for i in range(5)]
+    # (median, start, GPUs): two old 1-GPU records, an old 4-GPU one, a recent 1-GPU one, and one still waiting.
+    cases = [(ids[0], 2000.0, 2100.0, 1), (ids[1], 9000.0, 5000.0, 1), (ids[2], 1000.0, 3000.0, 4), (ids[3], 9000.0, 8000.0, 1)]
+    for job_id, median, start, gpus in cases:
+        await eta.record_estimates(seeded, [(0, estimate(job_id, 100.0, median, gpus=gpus))])
+        await set_job(seeded, job_id, started_at=start)
+    await eta.record_estimates(seeded, [(0, estimate(ids[4], 100.0, 9500.0))])
+    await eta.record_starts(seeded, now=8500.0)
+    bounds = (600.0, 3600.0)
+    before = await eta.error_counts(seeded, bounds)
+    assert await eta.prune_scored(seeded, before=6000.0, bounds=bounds) == 3
+    assert sorted(r.job_id for r in await records(seeded)) == sorted([ids[3], ids[4]])  # the recent one, the waiting one
+    assert [r.job_id for r in await eta.latest_scored(seeded, limit=10)] == [ids[3]]
+    assert await eta.error_counts(seeded, bounds) == before  # the metrics' counters are the same
+    # Again: nothing left to fold, and nothing is counted twice.
+    assert await eta.prune_scored(seeded, before=6000.0, bounds=bounds) == 0
+    assert await eta.error_counts(seeded, bounds) == before
+    # Folding into existing totals adds up: the recent record now goes too.
+    assert await eta.prune_scored(seeded, before=9000.0, bounds=bounds) == 1
+    assert await eta.error_counts(seeded, bounds) == before
+    counts = {c.size_class: c for c in await eta.error_counts(seeded, bounds)}
+    assert (counts["1"].count, counts["1"].sum_abs_s, counts["1"].at_most, counts["1"].covered, counts["1"].late) == (
+        3,
+        100.0 + 4000.0 + 1000.0,
+        (1, 2),
+        1,
+        1,
+    )
