@@ -3,6 +3,8 @@ records of jobs that ended unstarted forgotten, the calibrator's window and the 
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import select
 from sqlmodel import col
 
@@ -116,3 +118,16 @@ async def test_records_past_the_retention_are_folded_into_totals_and_the_counts_
         1,
         1,
     )
+
+
+async def test_two_pruners_at_once_count_each_record_once(seeded: Database) -> None:
+    ids = [(await queued_job(seeded, f"j{i}")).id for i in range(6)]
+    for i, job_id in enumerate(ids):
+        await eta.record_estimates(seeded, [(0, estimate(job_id, 100.0, 2000.0 + 300.0 * i, gpus=1 + i % 2 * 3))])
+        await set_job(seeded, job_id, started_at=2500.0)
+    await eta.record_starts(seeded, now=3000.0)
+    before = await eta.error_counts(seeded)
+    folded = await asyncio.gather(*(eta.prune_scored(seeded, before=6000.0) for _ in range(3)), return_exceptions=True)
+    assert sum(n for n in folded if isinstance(n, int)) == 6  # a pruner that clashed (if any) folded nothing
+    assert await records(seeded) == []
+    assert await eta.error_counts(seeded) == before
