@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from scheduler.core.types import Snapshot
+from scheduler.core.types import PendingJob, Snapshot
 from simulator.calibrate import WaitCalibrator
 from simulator.engine import Engine, SimOptions, SimResult
 from simulator.estimate import estimate_starts
@@ -40,8 +40,14 @@ class EstimatorProbe:
         max_steps: int,
         started: Callable[[str], float | None] | None = None,
         calibrator: WaitCalibrator | None = None,
+        view: Callable[[Snapshot], Snapshot] | None = None,
+        arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
     ) -> None:
         self.make = make_policy
+        #: A study's variants: what the estimator is shown instead of the snapshot (e.g. true run times), and the
+        #: jobs it is told will arrive after ``now`` (``estimate_starts``' ``arrivals``). None: as the live API.
+        self.view = view
+        self.arrivals = arrivals
         self.every_s = every_s
         self.step_s = step_s
         self.max_steps = max_steps
@@ -52,6 +58,8 @@ class EstimatorProbe:
         self.last = -float("inf")
         #: (job id, made at, predicted start or None, made at submission, low, high, GPUs)
         self.predictions: list[Prediction] = []
+        #: The same, uncalibrated: the forward simulation's own start (low = high = it).
+        self.raw_predictions: list[Prediction] = []
 
     def _learn(self) -> None:
         if self.started is None:
@@ -68,11 +76,14 @@ class EstimatorProbe:
         self.last = now
         self._learn()
         fresh = set(new_ids)
-        starts = estimate_starts(snapshot, now, self.make(), step_s=self.step_s, max_steps=self.max_steps)  # type: ignore[arg-type]
+        shown = snapshot if self.view is None else self.view(snapshot)
+        later = () if self.arrivals is None else self.arrivals(now)
+        starts = estimate_starts(shown, now, self.make(), step_s=self.step_s, max_steps=self.max_steps, arrivals=later)  # type: ignore[arg-type]
         for job in snapshot.pending:
             if job.attempt != 1:
                 continue
             raw = starts.get(job.id)
+            self.raw_predictions.append((job.id, now, raw, job.id in fresh, raw, raw, job.gpu_count))
             if raw is None:
                 self.predictions.append((job.id, now, None, job.id in fresh, None, None, job.gpu_count))
                 continue
@@ -83,6 +94,47 @@ class EstimatorProbe:
             self.outstanding.setdefault(job.id, []).append((now, raw - now, group))
             low, median, high = self.calibrator.interval(raw - now, group)
             self.predictions.append((job.id, now, now + median, job.id in fresh, now + low, now + high, job.gpu_count))
+
+
+#: The estimator probe's forward simulation: its grid and how many cycles it looks ahead (37.5 h).
+PROBE_STEP_S = 900.0
+PROBE_MAX_STEPS = 150
+
+
+def engine_for(workload: Workload, fleet: Fleet, name: str, options: SimOptions) -> Engine:
+    """An engine running a fresh instance of the named policy, with the options the policy needs."""
+    spec = get_policy(name)
+    opts = replace(
+        options,
+        oracle_runtime=spec.oracle_runtime or options.oracle_runtime,
+        fresh_checkpoints=spec.needs_checkpoints,
+        rigid=spec.rigid or options.rigid,
+        learned_runtimes=spec.learned_runtimes or options.learned_runtimes,
+    )
+    return Engine(workload, fleet, spec.make(), name, opts)
+
+
+def probe_for(
+    engine: Engine,
+    *,
+    every_s: float,
+    view: Callable[[Snapshot], Snapshot] | None = None,
+    arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
+) -> EstimatorProbe:
+    """An estimator probe of the engine's policy, calibrated from the engine's own starts so far."""
+
+    def started(job_id: str) -> float | None:
+        return engine.jobs[engine.job_index[job_id]].first_start
+
+    return EstimatorProbe(
+        get_policy(engine.name).make,
+        every_s=every_s,
+        step_s=PROBE_STEP_S,
+        max_steps=PROBE_MAX_STEPS,
+        started=started,
+        view=view,
+        arrivals=arrivals,
+    )
 
 
 def run_set(
@@ -116,24 +168,8 @@ def run_set(
         jobs=len(workload.jobs),
     )
     for name in policies:
-        spec = get_policy(name)
-        opts = replace(
-            options,
-            oracle_runtime=spec.oracle_runtime or options.oracle_runtime,
-            fresh_checkpoints=spec.needs_checkpoints,
-            rigid=spec.rigid or options.rigid,
-            learned_runtimes=spec.learned_runtimes or options.learned_runtimes,
-        )
-        engine = Engine(workload, fleet, spec.make(), name, opts)
-
-        def started(job_id: str, _engine: Engine = engine) -> float | None:
-            return _engine.jobs[_engine.job_index[job_id]].first_start
-
-        probe = (
-            EstimatorProbe(spec.make, every_s=estimate_every_s, step_s=900.0, max_steps=150, started=started)
-            if name in estimate_for
-            else None
-        )
+        engine = engine_for(workload, fleet, name, options)
+        probe = probe_for(engine, every_s=estimate_every_s) if name in estimate_for else None
 
         def tick(done: int, total: int, _name: str = name) -> None:
             if progress is not None:

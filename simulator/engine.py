@@ -18,6 +18,8 @@ rules need time to pass).
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -255,6 +257,8 @@ class Engine:
             _Job(i, j, self.tenant_index[j.tenant], self.type_index[j.gpu_type], options.rigid) for i, j in enumerate(workload.jobs)
         ]
         self.job_index = {j.job.id: i for i, j in enumerate(self.jobs)}
+        #: Submission times, in the order the engine takes the jobs (the workload's).
+        self.submits = [j.submit_s for j in workload.jobs]
         self.pending: dict[int, PendingJob] = {}
         #: Running elastic jobs below their maximum: cycles go on while there are any (they may grow).
         self.growable: set[int] = set()
@@ -320,33 +324,65 @@ class Engine:
         js.state = _PENDING
         js.queued_at = now
         job = js.job
-        overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
         expected: float | None = None
         if self.opt.oracle_runtime:
-            expected = (job.duration_s - js.done_s) / self._speed(js, js.gmin) + overhead
+            expected = self._true_remaining(js)
         elif self.opt.learned_runtimes:
-            predicted = self.predictor.predict(js.keys, job.max_runtime_s, js.done_s)
-            expected = min(job.max_runtime_s, (predicted - js.done_s) / self._speed(js, js.gmin) + overhead)
-        self.pending[js.idx] = PendingJob(
-            id=job.id,
+            expected = self._learned_remaining(js)
+        self.pending[js.idx] = self._pending_view(js, now, expected, attempt=js.attempt, job_id=job.id, submitted_at=job.submit_s)
+        self.tenant_demand[js.tenant_i][js.type_i] += js.gmin
+        self.type_demand[js.type_i] += js.gmin
+        self.new_ids.append(job.id)
+        self._want_cycle(now)
+
+    def _true_remaining(self, js: _Job) -> float:
+        """A waiting job's true remaining run time (with the restart overhead of a later attempt)."""
+        overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+        return (js.job.duration_s - js.done_s) / self._speed(js, js.gmin) + overhead
+
+    def _learned_remaining(self, js: _Job) -> float:
+        """A waiting job's predicted remaining run time, from the runs finished so far."""
+        overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+        predicted = self.predictor.predict(js.keys, js.job.max_runtime_s, js.done_s)
+        return min(js.job.max_runtime_s, (predicted - js.done_s) / self._speed(js, js.gmin) + overhead)
+
+    def _pending_view(
+        self, js: _Job, queued_at: float, expected: float | None, *, attempt: int, job_id: str, submitted_at: float
+    ) -> PendingJob:
+        job = js.job
+        return PendingJob(
+            id=job_id,
             tenant=job.tenant,
-            attempt=js.attempt,
+            attempt=attempt,
             gpu_type=job.gpu_type,
             gpu_count=js.gmin,
             gpu_max=js.gmax if js.gmax > js.gmin else None,
             priority=job.priority,
-            queued_at=now,
+            queued_at=queued_at,
             topology_level=job.topology_level,
             topology_required=True,
             max_runtime_s=job.max_runtime_s,
             expected_runtime_s=expected,
             preemptible=job.preemptible,
-            submitted_at=job.submit_s,
+            submitted_at=submitted_at,
         )
-        self.tenant_demand[js.tenant_i][js.type_i] += js.gmin
-        self.type_demand[js.type_i] += js.gmin
-        self.new_ids.append(job.id)
-        self._want_cycle(now)
+
+    def arrivals(self, start: float, end: float, *, true_runtimes: bool, shift_s: float = 0.0, prefix: str = "") -> list[PendingJob]:
+        """The jobs submitted in ``(start, end]`` (after a snapshot at ``start``), each as a new job joining the queue
+        ``shift_s`` after its submission, with its true run time or the one learned from the runs finished so far; ids
+        prefixed with ``prefix``. For
+        studies of what the jobs that arrive after an estimate change: the future itself, or the recent past
+        replayed as a guess of it. The policies never see these."""
+        out = []
+        for js in self.jobs[bisect.bisect_right(self.submits, start) : bisect.bisect_right(self.submits, end)]:
+            job = js.job
+            if true_runtimes:
+                expected = job.duration_s / self._speed(js, js.gmin)
+            else:
+                expected = min(job.max_runtime_s, self.predictor.predict(js.keys, job.max_runtime_s))
+            at = job.submit_s + shift_s
+            out.append(self._pending_view(js, at, expected, attempt=1, job_id=prefix + job.id, submitted_at=at))
+        return out
 
     def _speed(self, js: _Job, gpus: int) -> float:
         return speed(gpus, js.gmax, self.opt.speedup_exponent) if js.gmax > js.gmin else 1.0
@@ -410,6 +446,22 @@ class Engine:
             end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
             if view.expected_end < end:
                 self._push(max(view.expected_end, now + 1.0), _EXPECT, js.idx, js.epoch)
+
+    def with_true_runtimes(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot as the SJF oracle sees it: each waiting job's ``expected_runtime_s`` its true remaining run
+        time, each running job's ``expected_end`` its true end (at its current speed). For studies of what the
+        learned run times cost an estimate; the policies never see it unless run as the oracle."""
+        pending = []
+        for job in snapshot.pending:
+            js = self.jobs[self.job_index[job.id]]
+            overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
+            true = (js.job.duration_s - js.done_s) / self._speed(js, job.gpu_count) + overhead
+            pending.append(dataclasses.replace(job, expected_runtime_s=min(js.job.max_runtime_s, true)))
+        running = []
+        for r in snapshot.running:
+            js = self.jobs[self.job_index[r.id]]
+            running.append(dataclasses.replace(r, expected_end=js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate))
+        return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
 
     def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job

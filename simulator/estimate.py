@@ -44,6 +44,7 @@ def estimate_starts(
     horizon_s: float = 7 * 24 * 3600.0,
     max_steps: int = 500,
     overdue_s: float = 0.0,
+    arrivals: Sequence[PendingJob] = (),
 ) -> dict[str, float]:
     """Predicted start time of each waiting job that starts within the horizon.
 
@@ -56,6 +57,8 @@ def estimate_starts(
         horizon_s: look no further ahead than this.
         max_steps: and ask the policy at most this many times.
         overdue_s: a running job whose expected end is not after ``now`` is taken to end this long after ``now``.
+        arrivals: jobs that join the queue later, each at its ``queued_at`` (ids unlike the snapshot's): a study of
+            what the jobs that arrive after an estimate change (none by default: the future is not known).
     """
     want = set(targets) if targets is not None else {j.id for j in snapshot.pending}
     want &= {j.id for j in snapshot.pending}
@@ -78,7 +81,12 @@ def estimate_starts(
             free[m.node_id].update(m.gpu_indices)
             stale.add(m.node_id)
 
+    later = sorted(arrivals, key=lambda j: (j.queued_at, j.id))
+    arrived = 0
     for _ in range(max_steps):
+        while arrived < len(later) and later[arrived].queued_at <= t:
+            pending[later[arrived].id] = later[arrived]
+            arrived += 1
         for node_id in stale:
             v = views[node_id]
             views[node_id] = NodeView(
@@ -147,7 +155,7 @@ def estimate_starts(
             run = job.expected_runtime_s if job.expected_runtime_s is not None else job.max_runtime_s
             running[job.id] = RunningJob.started(job, b.members, t, run)
             heapq.heappush(ends, (t + run, job.id, job.attempt))
-        if want <= starts.keys() or not pending:
+        if want <= starts.keys() or (not pending and arrived == len(later)):
             break
         # Advance to the next end (stale entries belong to preempted attempts), then to the grid; after a
         # preemption or a resize, one step only (the job it was for binds once the GPUs are free).
@@ -155,10 +163,11 @@ def estimate_starts(
             heapq.heappop(ends)
         if decisions.preemptions or decisions.resizes:
             t = t + (step_s if step_s > 0 else 1.0)
-        elif not ends:
+        elif not ends and arrived == len(later):
             break
         else:
-            t = max(t + step_s, math.ceil(ends[0][0] / step_s) * step_s) if step_s > 0 else ends[0][0]
+            nxt = min(ends[0][0] if ends else math.inf, later[arrived].queued_at if arrived < len(later) else math.inf)
+            t = max(t + step_s, math.ceil(nxt / step_s) * step_s) if step_s > 0 else nxt
         if t > now + horizon_s:
             break
         while ends and ends[0][0] <= t:

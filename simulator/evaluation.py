@@ -5,6 +5,7 @@ Usage::
     fairgang sim --workload philly --load 0.7 --seed 0 --out docs/evaluation/load-70 --title "Philly trace at load 0.7"
     fairgang sim --workload philly --load 1.0 --seed 0 --out docs/evaluation/load-100 --title "Philly trace at load 1.0"
     python -m simulator.evaluation bench --out docs/evaluation/speed.json   # simulator speed, 100k synthetic jobs
+    python -m simulator.evaluation estimator --load 0.7 --seed 0 --out docs/evaluation/estimator-70.json
     python -m simulator.evaluation doc                                      # writes docs/evaluation.md
 """
 
@@ -475,6 +476,9 @@ def doc(folder: Path, target: Path) -> None:
             "",
         ]
     out += _elastic(folder, current)
+    from simulator.estimator_study import section as estimator_section
+
+    out += estimator_section(sorted(folder.glob("estimator-*.json")), current)
     out += [
         "## Limits of this evaluation",
         "",
@@ -537,12 +541,21 @@ def main() -> None:
     b.add_argument("--load", type=float, default=0.7)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--policies", default="sjf,drf")
+    e = sub.add_parser("estimator", help="where the estimator's misses come from (simulator/estimator_study.py)")
+    e.add_argument("--load", type=float, default=0.7)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--jobs", type=int, default=None)
+    e.add_argument("--out", type=Path, required=True)
     d = sub.add_parser("doc")
     d.add_argument("--folder", type=Path, default=DOCS / "evaluation")
     d.add_argument("--target", type=Path, default=DOCS / "evaluation.md")
     args = parser.parse_args()
     if args.cmd == "bench":
         bench(args.out, jobs=args.jobs, policies=args.policies.split(","), load=args.load, seed=args.seed)
+    elif args.cmd == "estimator":
+        from simulator import estimator_study
+
+        estimator_study.write(estimator_study.study(load=args.load, seed=args.seed, jobs=args.jobs), args.out)
     else:
         doc(args.folder, args.target)
 

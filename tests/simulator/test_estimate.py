@@ -34,6 +34,20 @@ def test_the_queue_behind_is_predicted_from_the_expected_runtimes_of_those_ahead
     assert positions == [("first", 1, 100.0), ("second", 2, 150.0)]
 
 
+def test_jobs_arriving_later_join_the_forward_simulation_at_their_time():
+    # "long" waits for the running job; a shorter job arriving at 10 goes first under SJF (on a grid too).
+    snap = snapshot([node("n0", 0)], [pending("long", 8, runtime=500.0)], [running("r", "n0", tuple(range(8)), end=100.0)])
+    later = [pending("short", 8, at=10.0, runtime=50.0)]
+    assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0) == {"long": 100.0}
+    assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0, arrivals=later) == {"long": 150.0}
+    assert estimate_starts(snap, 0.0, Sjf(), step_s=30.0, arrivals=later) == {"long": 180.0}  # 120 + 50, on the grid
+    # One arriving after the running job has ended finds the queue empty but for "long", which has started.
+    assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0, arrivals=[pending("short", 8, at=120.0, runtime=50.0)]) == {"long": 100.0}
+    # With nothing running or waiting yet, arrivals alone drive the clock (and are not targets).
+    empty = snapshot([node("n0", 8)], [pending("w", 8, runtime=500.0)])
+    assert estimate_starts(empty, 0.0, Sjf(), step_s=0.0, arrivals=later) == {"w": 0.0}
+
+
 def test_a_job_that_can_never_fit_has_no_estimate():
     snap = snapshot([node("n0", 0)], [pending("huge", 64)], [running("r", "n0", tuple(range(8)), end=100.0)])
     assert estimate_starts(snap, 0.0, Fifo(), step_s=0.0) == {}
