@@ -120,8 +120,8 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     stale = []
-    for path in files:
-        data = json.loads(path.read_text())
+    runs = sorted(((json.loads(path.read_text()), path) for path in files), key=lambda run: (run[0]["load"], run[0]["seed"]))
+    for data, path in runs:
         if data.get("core_sha256") != current_core:
             stale.append(path.name)
         by = {(r["variant"], r["calibrated"]): r for r in data["rows"]}
@@ -137,10 +137,13 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
     out += [
         "What the true run times fix is what the run-time predictor costs; what the true arrivals fix on top is what",
         "no forward simulation of the queue as it is can see: the jobs that arrive after the estimate and start first",
-        "(a tenant further below its fair share, the fast lane's short jobs). What is left with both is the forward",
-        "simulation's own coarseness (its 15-minute grid).",
+        "(a tenant further below its fair share, the fast lane's short jobs). What is left with both is where the",
+        "forward simulation departs from the run itself: its 15-minute grid, and a policy started afresh at each",
+        "probe. Calibrating from earlier outcomes corrects the bias of the estimator as it is, but adds error to a",
+        "forecast that is already close (compare the raw and calibrated columns of each run's last row): it learns",
+        "ratios from a queue that has moved on.",
         "",
-        "Reproduce: " + "; ".join(f"`{json.loads(p.read_text())['command']} --out {p}`" for p in files),
+        "Reproduce: " + "; ".join(f"`{data['command']} --out {path}`" for data, path in runs),
         "",
     ]
     return out
