@@ -42,12 +42,16 @@ class EstimatorProbe:
         calibrator: WaitCalibrator | None = None,
         view: Callable[[Snapshot], Snapshot] | None = None,
         arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
+        replay: Callable[[Snapshot, Sequence[PendingJob]], tuple[dict[str, float], dict[str, float]]] | None = None,
     ) -> None:
         self.make = make_policy
         #: A study's variants: what the estimator is shown instead of the snapshot (e.g. true run times), and the
         #: jobs it is told will arrive after ``now`` (``estimate_starts``' ``arrivals``). None: as the live API.
         self.view = view
         self.arrivals = arrivals
+        #: And, for a replay of the future as it happens: (running jobs' true ends, waiting and arriving jobs' true
+        #: run times) of the snapshot and the arrivals (``estimate_starts``' ``true_ends``, ``true_runtimes``).
+        self.replay = replay
         self.every_s = every_s
         self.step_s = step_s
         self.max_steps = max_steps
@@ -78,7 +82,17 @@ class EstimatorProbe:
         fresh = set(new_ids)
         shown = snapshot if self.view is None else self.view(snapshot)
         later = () if self.arrivals is None else self.arrivals(now)
-        starts = estimate_starts(shown, now, self.make(), step_s=self.step_s, max_steps=self.max_steps, arrivals=later)  # type: ignore[arg-type]
+        true_ends, true_runtimes = self.replay(snapshot, later) if self.replay is not None else (None, None)
+        starts = estimate_starts(
+            shown,
+            now,
+            self.make(),  # type: ignore[arg-type]
+            step_s=self.step_s,
+            max_steps=self.max_steps,
+            arrivals=later,
+            true_ends=true_ends,
+            true_runtimes=true_runtimes,
+        )
         for job in snapshot.pending:
             if job.attempt != 1:
                 continue
@@ -120,6 +134,7 @@ def probe_for(
     every_s: float,
     view: Callable[[Snapshot], Snapshot] | None = None,
     arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
+    replay: Callable[[Snapshot, Sequence[PendingJob]], tuple[dict[str, float], dict[str, float]]] | None = None,
 ) -> EstimatorProbe:
     """An estimator probe of the engine's policy, calibrated from the engine's own starts so far."""
 
@@ -134,6 +149,7 @@ def probe_for(
         started=started,
         view=view,
         arrivals=arrivals,
+        replay=replay,
     )
 
 

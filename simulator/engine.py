@@ -463,6 +463,17 @@ class Engine:
             running.append(dataclasses.replace(r, expected_end=js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate))
         return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
 
+    def true_times(self, snapshot: Snapshot, arrivals: Iterable[PendingJob] = ()) -> tuple[dict[str, float], dict[str, float]]:
+        """For a replay of the future as it will happen: each running job's true end, and each waiting or arriving
+        job's true run time (arrivals by the ids :meth:`arrivals` gives them, unprefixed)."""
+        view = self.with_true_runtimes(snapshot)
+        ends = {r.id: r.expected_end for r in view.running}
+        runtimes = {j.id: j.expected_s for j in view.pending}
+        for job in arrivals:
+            js = self.jobs[self.job_index[job.id]]
+            runtimes[job.id] = js.job.duration_s / self._speed(js, js.gmin)
+        return ends, runtimes
+
     def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job
         last_ckpt = js.last_ckpt

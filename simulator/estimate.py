@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.core.types import Decisions, NodeView, PendingJob, RunningJob, Snapshot
@@ -45,6 +45,8 @@ def estimate_starts(
     max_steps: int = 500,
     overdue_s: float = 0.0,
     arrivals: Sequence[PendingJob] = (),
+    true_ends: Mapping[str, float] | None = None,
+    true_runtimes: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Predicted start time of each waiting job that starts within the horizon.
 
@@ -59,6 +61,9 @@ def estimate_starts(
         overdue_s: a running job whose expected end is not after ``now`` is taken to end this long after ``now``.
         arrivals: jobs that join the queue later, each at its ``queued_at`` (ids unlike the snapshot's): a study of
             what the jobs that arrive after an estimate change (none by default: the future is not known).
+        true_ends, true_runtimes: a study's replay of the future: running jobs end at ``true_ends`` (by id) and
+            waiting or arriving jobs, once started, run ``true_runtimes`` (by id), while the policy is still shown
+            the expected ones (a job preempted in the replay is back to expected).
     """
     want = set(targets) if targets is not None else {j.id for j in snapshot.pending}
     want &= {j.id for j in snapshot.pending}
@@ -67,8 +72,11 @@ def estimate_starts(
     free: dict[str, set[int]] = {n.id: set(n.free) for n in snapshot.nodes}
     pending: dict[str, PendingJob] = {j.id: j for j in snapshot.pending}
     running: dict[str, RunningJob] = {r.id: r for r in snapshot.running}
+    ended = dict(true_ends or {})
+    lasts = dict(true_runtimes or {})
     ends: list[tuple[float, str, int]] = [
-        (r.expected_end if r.expected_end > now else now + overdue_s, r.id, r.attempt) for r in snapshot.running
+        (ended[r.id] if r.id in ended else r.expected_end if r.expected_end > now else now + overdue_s, r.id, r.attempt)
+        for r in snapshot.running
     ]
     heapq.heapify(ends)
     starts: dict[str, float] = {}
@@ -114,6 +122,7 @@ def estimate_starts(
             if victim is None:
                 continue
             release(victim)
+            lasts.pop(victim.id, None)
             pending[victim.id] = PendingJob(
                 id=victim.id,
                 tenant=victim.tenant,
@@ -154,7 +163,7 @@ def estimate_starts(
                 stale.add(m.node_id)
             run = job.expected_runtime_s if job.expected_runtime_s is not None else job.max_runtime_s
             running[job.id] = RunningJob.started(job, b.members, t, run)
-            heapq.heappush(ends, (t + run, job.id, job.attempt))
+            heapq.heappush(ends, (t + lasts.get(job.id, run), job.id, job.attempt))
         if want <= starts.keys() or (not pending and arrived == len(later)):
             break
         # Advance to the next end (stale entries belong to preempted attempts), then to the grid; after a

@@ -10,7 +10,10 @@ times at every probe, each told something else:
 - ``true run times``: every waiting job's true remaining run time, every running job's true end
   (:meth:`simulator.engine.Engine.with_true_runtimes`), no arrivals;
 - ``true run times and arrivals``: and the jobs that will really arrive within the horizon
-  (:meth:`simulator.engine.Engine.arrivals`): the forward simulation told the whole future.
+  (:meth:`simulator.engine.Engine.arrivals`): the forward simulation told the whole future;
+- ``the true future, decided on learned run times``: the same future (jobs end at their true times, the real
+  arrivals come), but the policy is shown the learned run times, as the run's was
+  (:meth:`simulator.engine.Engine.true_times`): a replay of the run itself.
 
 Each is scored raw (the forward simulation's start) and calibrated, on the estimates made at least an hour
 before the job started, as docs/evaluation.md scores them.
@@ -35,7 +38,13 @@ from simulator.metrics import IntervalAccuracy, Prediction, estimate_accuracy
 from simulator.workload import philly_workload
 
 #: The variants, in the order reported: what the forward simulation is told.
-VARIANTS = ("learned", "learned + last 6 h replayed", "true run times", "true run times and arrivals")
+VARIANTS = (
+    "learned",
+    "learned + last 6 h replayed",
+    "true run times",
+    "true run times and arrivals",
+    "the true future, decided on learned run times",
+)
 #: How much of the recent past the second variant replays.
 REPLAY_S = 6 * HOUR
 
@@ -59,6 +68,9 @@ def study(*, load: float, seed: int, every_s: float = 6 * HOUR, jobs: int | None
         "learned + last 6 h replayed": probe_for(engine, every_s=every_s, arrivals=replayed),
         "true run times": probe_for(engine, every_s=every_s, view=true),
         "true run times and arrivals": probe_for(engine, every_s=every_s, view=true, arrivals=future),
+        "the true future, decided on learned run times": probe_for(
+            engine, every_s=every_s, arrivals=lambda now: engine.arrivals(now, now + horizon, true_runtimes=False), replay=engine.true_times
+        ),
     }
 
     def hook(snapshot: Snapshot, now: float, new_ids: list[str]) -> None:
@@ -108,12 +120,13 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
     out = [
         "## Where the estimator's misses come from",
         "",
-        "Each run below probes ours' estimator four times at every probe (as the runs above do: every 6 simulated",
+        "Each run below probes ours' estimator five times at every probe (as the runs above do: every 6 simulated",
         "hours, calibrated from the run's own earlier outcomes), each told something else: what the platform knows",
         "(learned run times, no later arrivals); that and the last 6 h of submissions replayed over the next 6 h;",
-        "the true run times; the true run times and the jobs that really arrive. Estimates made at least an hour",
-        "before the job started, relative to that wait (`simulator/estimator_study.py`; negative: it started later",
-        "than said):",
+        "the true run times; the true run times and the jobs that really arrive; and the true future (true ends,",
+        "real arrivals) with the policy shown the learned run times, as the run's was. Estimates made at least an",
+        "hour before the job started, relative to that wait (`simulator/estimator_study.py`; negative: it started",
+        "later than said):",
         "",
         "| load | seed | the forward simulation is told | estimates | raw: median abs error | raw: median signed "
         "| calibrated: median abs error | calibrated: median signed | calibrated: p10-p90 coverage |",
@@ -137,12 +150,13 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
     out += [
         "What the true run times fix is what the run-time predictor costs; what the true arrivals fix on top is what",
         "no forward simulation of the queue as it is can see: the jobs that arrive after the estimate and start first",
-        "(a tenant further below its fair share, the fast lane's short jobs). What is left with both is where the",
-        "forward simulation departs from the run itself: its 15-minute grid, and a policy told the true run times",
-        "where the run's decided with learned ones (which jobs are in the fast lane, which fit a backfill hole).",
-        "Calibrating from earlier outcomes corrects the bias of the estimator as it is, but adds error to a",
-        "forecast that is already close (compare the raw and calibrated columns of each run's last row): it learns",
-        "ratios from a queue that has moved on.",
+        "(a tenant further below its fair share, the fast lane's short jobs). What is left when the whole future is",
+        "known does not come from which run times the policy decides on (the last row, a replay of the run itself,",
+        "misses as much). It is where the forward simulation departs from the run: its 15-minute grid, and what the",
+        "run does that it does not: the predictor goes on learning from the jobs that finish, and running jobs'",
+        "expected ends are corrected as they overrun. Calibrating from earlier outcomes corrects the bias of the",
+        "estimator as it is, but adds error to a forecast that is already close (compare the raw and calibrated",
+        "columns of the last rows): it learns ratios from a queue that has moved on.",
         "",
         "Reproduce: " + "; ".join(f"`{data['command']} --out {path}`" for data, path in runs),
         "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,34 @@ def test_told_the_true_run_times_and_arrivals_the_probe_forecasts_a_later_shorte
         ("replay:a", 10.0, 1, 1000.0),
         ("replay:b", 11.0, 1, 500.0),
     ]
+
+
+def test_the_true_future_decided_on_learned_run_times_replays_the_run_exactly() -> None:
+    # SJF decides on learned run times (here each job's limit: every job has its own tenant, so none learns from
+    # another's; what the run learns later is a future no replay knows), jobs end at their true times and arrive
+    # when they do. Shown the learned run times and told the true ends and arrivals, every forecast made along the
+    # way is the start that happened; shown the true run times instead, some are not.
+    rows = [(0.0, 8, 900.0, 3000.0), (5.0, 4, 300.0, 3000.0), (7.0, 4, 2000.0, 2500.0), (50.0, 8, 100.0, 3000.0)]
+    rows += [(400.0 + 97.0 * i, 4 if i % 2 else 8, 200.0 + 150.0 * (i % 3), 3000.0) for i in range(8)]
+    wl = workload(*(job(f"j{i:02d}", at, gpus, run, limit=limit, tenant=f"t{i}") for i, (at, gpus, run, limit) in enumerate(rows)))
+    engine = Engine(wl, fleet_of(1), Sjf(), "sjf", SimOptions(cycle_s=0.0, tick_s=60.0, learned_runtimes=True, strict=True))
+
+    def learned_arrivals(now: float) -> list[PendingJob]:
+        return engine.arrivals(now, now + 1e6, true_runtimes=False)
+
+    def true_arrivals(now: float) -> list[PendingJob]:
+        return engine.arrivals(now, now + 1e6, true_runtimes=True)
+
+    kw: dict[str, Any] = {"every_s": 1.0, "step_s": 0.0, "max_steps": 10_000}
+    replay = EstimatorProbe(Sjf, **kw, arrivals=learned_arrivals, replay=engine.true_times)
+    told_true = EstimatorProbe(Sjf, **kw, view=engine.with_true_runtimes, arrivals=true_arrivals)
+
+    def hook(snapshot: Snapshot, now: float, new_ids: list[str]) -> None:
+        replay(snapshot, now, new_ids)
+        told_true(snapshot, now, new_ids)
+
+    result = engine.run(hook=hook)
+    starts = {r.id: r.first_start for r in result.records}
+    assert len(replay.raw_predictions) >= 10
+    assert [(p[0], p[2]) for p in replay.raw_predictions] == [(p[0], starts[p[0]]) for p in replay.raw_predictions]
+    assert any(p[2] != starts[p[0]] for p in told_true.raw_predictions)
