@@ -340,6 +340,14 @@ class Engine:
         overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
         return (js.job.duration_s - js.done_s) / self._speed(js, js.gmin) + overhead
 
+    def _fresh_runtime(self, js: _Job) -> float:
+        """A job's whole true run time, started afresh at its minimum."""
+        return js.job.duration_s / self._speed(js, js.gmin)
+
+    def _run_left(self, js: _Job) -> float:
+        """A running job's true run time from its (re)start: the restart overhead, then the work left at its speed."""
+        return js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
+
     def _learned_remaining(self, js: _Job) -> float:
         """A waiting job's predicted remaining run time, from the runs finished so far."""
         overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
@@ -377,7 +385,7 @@ class Engine:
         for js in self.jobs[bisect.bisect_right(self.submits, start) : bisect.bisect_right(self.submits, end)]:
             job = js.job
             if true_runtimes:
-                expected = job.duration_s / self._speed(js, js.gmin)
+                expected = self._fresh_runtime(js)
             else:
                 expected = min(job.max_runtime_s, self.predictor.predict(js.keys, job.max_runtime_s))
             at = job.submit_s + shift_s
@@ -416,7 +424,7 @@ class Engine:
             self.growable.add(js.idx)
         else:
             self.growable.discard(js.idx)
-        run = js.overhead_s + (job.duration_s - js.done_s) / js.rate
+        run = self._run_left(js)
         self._push(now + run, _FINISH, js.idx, js.epoch)
         js.last_ckpt = None
         self._expect(js, now)
@@ -443,7 +451,7 @@ class Engine:
         """Refresh the job's view for the policy at ``now``; with learned run times, look again when it outlives the prediction."""
         view = self.running[js.idx] = self._running_view(js, now)
         if self.opt.learned_runtimes and not self.opt.oracle_runtime:
-            end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
+            end = js.started_at + self._run_left(js)
             if view.expected_end < end:
                 self._push(max(view.expected_end, now + 1.0), _EXPECT, js.idx, js.epoch)
 
@@ -454,13 +462,11 @@ class Engine:
         pending = []
         for job in snapshot.pending:
             js = self.jobs[self.job_index[job.id]]
-            overhead = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
-            true = (js.job.duration_s - js.done_s) / self._speed(js, job.gpu_count) + overhead
-            pending.append(dataclasses.replace(job, expected_runtime_s=min(js.job.max_runtime_s, true)))
+            pending.append(dataclasses.replace(job, expected_runtime_s=min(js.job.max_runtime_s, self._true_remaining(js))))
         running = []
         for r in snapshot.running:
             js = self.jobs[self.job_index[r.id]]
-            running.append(dataclasses.replace(r, expected_end=js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate))
+            running.append(dataclasses.replace(r, expected_end=js.started_at + self._run_left(js)))
         return dataclasses.replace(snapshot, pending=tuple(pending), running=tuple(running))
 
     def true_times(self, snapshot: Snapshot, arrivals: Iterable[PendingJob] = ()) -> tuple[dict[str, float], dict[str, float]]:
@@ -470,14 +476,13 @@ class Engine:
         ends = {r.id: r.expected_end for r in view.running}
         runtimes = {j.id: j.expected_s for j in view.pending}
         for job in arrivals:
-            js = self.jobs[self.job_index[job.id]]
-            runtimes[job.id] = js.job.duration_s / self._speed(js, js.gmin)
+            runtimes[job.id] = self._fresh_runtime(self.jobs[self.job_index[job.id]])
         return ends, runtimes
 
     def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job
         last_ckpt = js.last_ckpt
-        remaining = js.overhead_s + (job.duration_s - js.done_s) / js.rate
+        remaining = self._run_left(js)
         if self.opt.oracle_runtime:
             expected = remaining
         elif self.opt.learned_runtimes:
@@ -815,7 +820,7 @@ class Engine:
                     js.last_ckpt = now
                     self.running[a] = self._running_view(js, now)
                     nxt = now + js.job.checkpoint_interval_s
-                    end = js.started_at + js.overhead_s + (js.job.duration_s - js.done_s) / js.rate
+                    end = js.started_at + self._run_left(js)
                     if nxt < end:
                         self._push(nxt, _CKPT, a, b)
             elif kind == _EXPECT:
