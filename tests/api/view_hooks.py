@@ -2,10 +2,10 @@
 
 ``install(directory)`` runs in the worker (``api.views.WORKER_SETUP``) and wraps every view's
 computation: it appends the time to ``NAME.started`` when one starts and to ``NAME.ended`` when
-it ends; with ``NAME.fail`` present it raises that file's text; with ``NAME.block`` present it
-blocks its thread (as a long simulation does) until ``NAME.release`` appears, writing
-``NAME.blocked`` meanwhile (``NAME.timed_out`` after 30 s); with ``NAME.sleep`` present it
-sleeps that many seconds after computing.
+it ends, and the store version it computes to ``NAME.keys``; with ``NAME.fail`` present it
+raises that file's text; with ``NAME.block`` present it blocks its thread (as a long simulation
+does) until ``NAME.release`` appears, writing ``NAME.blocked`` meanwhile (``NAME.timed_out``
+after 30 s); with ``NAME.sleep`` present it sleeps that many seconds after computing.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 from api import views
 
 
-def _note(path: Path) -> None:
+def _note(path: Path, what: str | None = None) -> None:
     with path.open("a") as out:
-        out.write(f"{time.time()!r}\n")
+        out.write(f"{time.time()!r}\n" if what is None else f"{what}\n")
 
 
 def install(directory: str) -> None:
@@ -29,6 +29,7 @@ def install(directory: str) -> None:
 
         async def wrapped(r: views.Round, name: str = name, original: Any = original) -> Any:
             _note(where / f"{name}.started")
+            _note(where / f"{name}.keys", ",".join(map(str, r.key)))
             fail = where / f"{name}.fail"
             if fail.exists():
                 raise RuntimeError(fail.read_text())
@@ -54,3 +55,9 @@ def times(directory: Path, name: str, what: str) -> list[float]:
     """The times noted in ``NAME.started`` or ``NAME.ended``."""
     path = directory / f"{name}.{what}"
     return [float(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def keys(directory: Path, name: str) -> list[tuple[int, ...]]:
+    """The store versions the view's computations computed, in order."""
+    path = directory / f"{name}.keys"
+    return [tuple(int(k) for k in line.split(",")) for line in path.read_text().split()] if path.exists() else []
