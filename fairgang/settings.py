@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     #: Topology levels, narrowest first (from the cluster config's topology_levels).
     topology_levels: str = "node,leaf,spine"
     #: Scheduling policy (see docs/scheduler.md).
-    usage_half_life_s: float = 24 * 3600.0
+    usage_half_life_s: float = 3 * 3600.0
     aging_per_hour: float = 10.0
     max_wait_s: float = 6 * 3600.0
     min_runtime_before_preempt_s: float = 600.0

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scheduler.core.types import SchedulerConfig
 from simulator.workload import SIZE_CLASSES
 
 DOCS = Path("docs")
@@ -383,6 +384,7 @@ def doc(folder: Path, target: Path) -> None:
     from simulator.compare import core_fingerprint
 
     current = core_fingerprint()
+    half_life_h = SchedulerConfig().usage_half_life_s / 3600.0
     out: list[str] = [
         "# Evaluation: the production scheduler against the classic policies",
         "",
@@ -406,9 +408,10 @@ def doc(folder: Path, target: Path) -> None:
         "writes `DIR/report.md` (overall, per size class, per tenant, estimator accuracy, speed), `DIR/summary.json`",
         "and the PNG plots. Baselines: `fifo` (per GPU type, head-of-line blocking), `priority` (strict priority, no",
         "preemption), `multifactor` (Slurm-style age + fair-share + size + class priority with EASY backfill, one",
-        "reservation per GPU type), `drf` (weighted DRF over GPU types, no aging or reservations), `las` (Tiresias-style",
-        "discretised 2D-LAS, preemptive, 1 h lease), `sjf` (shortest job first with oracle durations: the reference for",
-        "average JCT). They share best-fit, topology-aware placement (`simulator/policies/placement.py`); ours uses its own.",
+        f"reservation per GPU type; its fair-share usage decays with ours' half-life, {half_life_h:g} h), `drf` (weighted DRF over",
+        "GPU types, no aging or reservations), `las` (Tiresias-style discretised 2D-LAS, preemptive, 1 h lease), `sjf`",
+        "(shortest job first with oracle durations: the reference for average JCT). They share best-fit, topology-aware",
+        "placement (`simulator/policies/placement.py`); ours uses its own.",
         "The queue-wait estimator (`simulator/estimate.py`, for the live API) forward-simulates the queue through the",
         "policy with learned run times, and calibrates the result from how its earlier estimates turned out",
         "(`simulator/calibrate.py`: a bias-corrected median and a p10-p90 interval); the runs below probe it every 6",

@@ -172,8 +172,10 @@ class RunningJob:
 class SchedulerConfig:
     """Policy knobs, from the service's settings (or the simulator's)."""
 
-    #: Past usage loses half its weight in this time (fair share forgives).
-    usage_half_life_s: float = 24 * 3600.0
+    #: Past usage loses half its weight in this time (fair share forgives). Three hours: a tenant that used
+    #: more than its share yields for about as long as the queue's waits last, not for days (on the Philly
+    #: evaluation a day's half-life held the smallest tenant's one gang back for days; docs/scheduler.md).
+    usage_half_life_s: float = 3 * 3600.0
     #: A waiting job gains this much priority per hour waited.
     aging_per_hour: float = 10.0
     #: Within a tenant's queue, a job expected to use at most one GPU-hour gains this much priority; less for
