@@ -33,6 +33,7 @@ from store.db import Database, migrate
 from tests.conftest import small_cluster
 
 EXAMPLES_PER_OPERATION = 15
+READ_TIMEOUT_S = 120.0
 _DIR = Path(tempfile.mkdtemp(prefix="fairgang-fuzz-"))
 _URL = f"sqlite+aiosqlite:///{_DIR / 'fuzz.db'}"
 
@@ -68,7 +69,9 @@ assert len(CHECKS) >= 14, [c.__name__ for c in CHECKS]
 @schema.parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_generated_request_gets_a_server_error(case: schemathesis.Case, token: str) -> None:
-    response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, checks=CHECKS)  # type: ignore[arg-type]
+    # A generous read timeout (schemathesis's default is 10 s): a what-if replays hours of the queue, and a loaded
+    # machine may take longer than that; a hang still fails.
+    response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=READ_TIMEOUT_S)  # type: ignore[arg-type]
     if response.status_code == 503:
         assert "retry-after" in {k.lower() for k in response.headers} or "unreachable" in response.text, response.text
         return
