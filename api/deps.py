@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
@@ -92,6 +92,12 @@ async def principal(
 
 
 Caller = Annotated[auth.Principal, Depends(principal)]
+
+#: A row id in a path (a token's): the store's integer keys (32-bit in PostgreSQL); a larger one is refused 422,
+#: never sent to the store.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+#: A GPU's index on its node, in a path.
+GpuIndex = Annotated[int, Path(ge=0, le=2**31 - 1)]
 
 
 def require_user(who: auth.Principal) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api.deps import AppState, Caller, State, log, require_admin
+from api.deps import AppState, Caller, GpuIndex, State, log, require_admin
 from api.schemas import FaultInjection
 from fairgang.health import FAULT_KINDS, Finding, Thresholds, assess, cordons, effective_report, moves_at_checkpoint, parse_xids, takes_out
 from fairgang.settings import Settings
@@ -205,7 +205,7 @@ async def drain(
 
 
 @router.post("/nodes/{node_id}/gpus/{index}/return")
-async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dict[str, Any]:
+async def return_gpu(state: State, who: Caller, node_id: str, index: GpuIndex) -> dict[str, Any]:
     """Put a GPU back in service (and forget its injected faults)."""
     require_admin(who)
     gpu = await nodes.get_gpu(state.db, node_id=node_id, index=index)
@@ -225,7 +225,7 @@ async def return_gpu(state: State, who: Caller, node_id: str, index: int) -> dic
 
 
 @router.post("/nodes/{node_id}/gpus/{index}/faults")
-async def inject_fault(state: State, who: Caller, node_id: str, index: int, fault: FaultInjection) -> dict[str, Any]:
+async def inject_fault(state: State, who: Caller, node_id: str, index: GpuIndex, fault: FaultInjection) -> dict[str, Any]:
     """Simulated backend only: the node's agent reports this fault from its next heartbeat on, until the GPU is returned."""
     require_admin(who)
     if fault.kind not in FAULT_KINDS:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api.deps import Caller, State
+from api.deps import Caller, RowId, State
 from api.schemas import TokenCreated, TokenRequest
 from store import auth, tenants
 from store.auth import ADMIN, TENANT_ADMIN, Principal, TokenInfo
@@ -69,7 +69,7 @@ async def list_tokens(
 
 
 @router.delete("/tokens/{token_id}")
-async def revoke_token(state: State, who: Caller, token_id: int) -> TokenInfo:
+async def revoke_token(state: State, who: Caller, token_id: RowId) -> TokenInfo:
     """Revoke a token: it is refused from now on (the record stays). Another tenant's answers 404."""
     _require_token_admin(who)
     info = await auth.revoke_token(state.db, token_id, tenant=who.tenant, everyone=who.admin, actor=who.name)

@@ -87,3 +87,22 @@ async def test_bad_token_requests_name_what_is_wrong(api: httpx.AsyncClient) -> 
         resp = await api.post("/v1/tokens", json=body, headers=ADMIN)
         assert resp.status_code == 422 and wrong in resp.text, (body, resp.text)
     assert (await api.delete("/v1/tokens/999999", headers=ADMIN)).status_code == 404
+
+
+async def test_an_id_or_index_past_what_the_store_holds_is_refused_by_name(api: httpx.AsyncClient) -> None:
+    """A path's integer beyond the store's keys (32-bit in PostgreSQL) or a GPU index beyond 32 bits is a 422 naming
+    it, never sent to the store (neither store can bind it; the fuzz test found a 500)."""
+    for path, name in (
+        (f"/v1/tokens/{2**64}", "token_id"),
+        (f"/v1/tokens/{2**31}", "token_id"),
+        ("/v1/tokens/0", "token_id"),
+        (f"/v1/nodes/h1/gpus/{2**64}/return", "index"),
+        (f"/v1/nodes/h1/gpus/{2**40}/faults", "index"),
+    ):
+        if path.startswith("/v1/tokens"):
+            resp = await api.delete(path, headers=ADMIN)
+        else:
+            resp = await api.post(path, json={"kind": "xid", "xid": 79}, headers=ADMIN)
+        assert resp.status_code == 422 and name in resp.text, (path, resp.status_code, resp.text)
+    assert (await api.delete(f"/v1/tokens/{2**31 - 1}", headers=ADMIN)).status_code == 404
+    assert (await api.post(f"/v1/nodes/h1/gpus/{2**31 - 1}/return", headers=ADMIN)).status_code == 404
