@@ -58,7 +58,9 @@ CHECK_CONFIG = {
     "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "503"]},
     "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429", "503"]},
 }
-CONFIG = SchemathesisConfig.from_dict({"checks": CHECK_CONFIG})
+# A generous read timeout (schemathesis's default is 10 s): a what-if replays hours of the queue, and a loaded
+# machine may take longer than that; a hang still fails.
+CONFIG = SchemathesisConfig.from_dict({"checks": CHECK_CONFIG, "request-timeout": READ_TIMEOUT_S})
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP, config=CONFIG)
 checks.load_all_checks()
 CHECKS = checks.CHECKS.get_all()
@@ -69,9 +71,7 @@ assert len(CHECKS) >= 14, [c.__name__ for c in CHECKS]
 @schema.parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_generated_request_gets_a_server_error(case: schemathesis.Case, token: str) -> None:
-    # A generous read timeout (schemathesis's default is 10 s): a what-if replays hours of the queue, and a loaded
-    # machine may take longer than that; a hang still fails.
-    response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=READ_TIMEOUT_S)  # type: ignore[arg-type]
+    response = case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, checks=CHECKS)  # type: ignore[arg-type]
     if response.status_code == 503:
         assert "retry-after" in {k.lower() for k in response.headers} or "unreachable" in response.text, response.text
         return
