@@ -818,7 +818,9 @@ class Engine:
                 js = jobs[a]
                 if js.state == _RUNNING and js.epoch == b:
                     js.last_ckpt = now
-                    self.running[a] = self._running_view(js, now)
+                    # Through _expect: a fresh view's expected end comes from the predictor as it is now, and
+                    # must be looked at again once the job outlives it (else it would lapse into the past).
+                    self._expect(js, now)
                     nxt = now + js.job.checkpoint_interval_s
                     end = js.started_at + self._run_left(js)
                     if nxt < end:

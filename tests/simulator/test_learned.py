@@ -64,3 +64,20 @@ def test_a_running_job_that_outlives_its_prediction_is_expected_to_run_longer_ne
     assert ends == sorted(ends) and len(set(ends)) > 1  # moved later as it outlived it (600 -> 1,200 -> 2,400 -> ...)
     assert max(ends) <= 700 + 4000  # never past the limit
     assert all(end >= now for now, end in seen.ends["long"])
+
+
+def test_a_checkpoint_that_refreshes_a_running_jobs_prediction_never_leaves_its_expected_end_in_the_past():
+    # "long" starts with nothing learned (its limit); r1 and r2 (same tenant and size) then finish in 600 s. At
+    # its checkpoint at 1,000 s its prediction is refreshed from them (600 s, outlived: 1,200 s), and it must be
+    # looked at again when it outlives that too, not left at 1,200 s until the next checkpoint at 2,000 s.
+    wl = workload(
+        job("long", 0, 4, 3000, limit=4000, ckpt=1000),
+        job("r1", 0, 4, 600, limit=4000),
+        job("r2", 600, 4, 600, limit=4000),
+        job("other", 700, 16, 1000, tenant="b", limit=4000),  # a two-node gang: waits while "long" runs, so cycles go on
+    )
+    seen = Seen()
+    simulate(wl, fleet_of(2), run_cycle, options=LEARNED, hook=seen)
+    ends = seen.ends["long"]
+    assert any(end < 4000 for _, end in ends), "the checkpoint brought the learned run time in"
+    assert all(end >= now for now, end in ends), [(now, end) for now, end in ends if end < now][:3]
