@@ -94,6 +94,8 @@ class Settings(BaseSettings):
     aging_per_hour: float = 10.0
     max_wait_s: float = 6 * 3600.0
     min_runtime_before_preempt_s: float = 600.0
+    #: Each restart multiplies the time a job runs before it may be preempted again, up to max_wait_s (1: never).
+    preempt_backoff: float = Field(default=2.0, ge=1.0)
     backfill: bool = True
     #: Priority points a small, short job gains within its tenant's queue (0: age order only).
     short_job_boost: float = 90.0

@@ -124,6 +124,7 @@ class PlacementService:
             aging_per_hour=settings.aging_per_hour,
             max_wait_s=settings.max_wait_s,
             min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
+            preempt_backoff=settings.preempt_backoff,
             backfill=settings.backfill,
             short_job_boost=settings.short_job_boost,
             short_job_ref_gpu_h=settings.short_job_ref_gpu_h,

@@ -1,8 +1,9 @@
 """Preemption planning (SPEC R5.2): the cheapest victims that let a blocked job start.
 
 Who may be a victim of job P (same GPU type, on a schedulable node), never a job that is
-not preemptible, has run less than ``min_runtime_before_preempt_s`` since it started, or
-is already being preempted; and only for one of these reasons, tried in this order:
+not preemptible, has run less than :func:`protected_s` since it started (``min_runtime_before_preempt_s``,
+longer after each restart), or is already being preempted; and only for one of these reasons,
+tried in this order:
 
 1. "priority": a job of P's own tenant with a lower priority class;
 2. "reclaim": P stays within its tenant's nominal quota, and the victim's tenant is
@@ -75,11 +76,26 @@ def _needs_borrowing(job: PendingJob, victim: RunningJob, reason: str, book: Quo
     return book.enabled and victim.tenant != job.tenant and reason in ("reclaim", "max_wait")
 
 
+def protected_s(job: RunningJob, config: SchedulerConfig) -> float:
+    """How long ``job`` runs after it last started before it may be preempted: ``min_runtime_before_preempt_s`` on
+    its first attempt, times ``preempt_backoff`` for each restart since, at most ``max(min_runtime_before_preempt_s,
+    max_wait_s)``. A job taken back again and again thus runs longer each time and finishes, instead of paying
+    restarts for short stints (a small tenant's gang, borrowing whenever it runs, would be every reclaim's victim)."""
+    least = config.min_runtime_before_preempt_s
+    cap = max(least, config.max_wait_s)
+    protected = least
+    for _ in range(job.attempt - 1):  # a loop, not a power: no overflow, and it stops at the cap
+        if protected >= cap or config.preempt_backoff <= 1.0:
+            break
+        protected *= config.preempt_backoff
+    return min(protected, cap)
+
+
 def preemptible_now(victims: Iterable[RunningJob], now: float, config: SchedulerConfig) -> list[RunningJob]:
     """Of the jobs that may ever be victims (preemptible, on a schedulable node: ``Workspace.victims``),
-    those that have run long enough to be victims this cycle (computed once per GPU type), in no set order."""
-    least = config.min_runtime_before_preempt_s
-    return [job for job in victims if now - job.started_at >= least]
+    those that have run long enough to be victims this cycle (:func:`protected_s`; computed once per GPU type),
+    in no set order."""
+    return [job for job in victims if now - job.started_at >= protected_s(job, config)]
 
 
 def candidates(

@@ -193,8 +193,11 @@ class SchedulerConfig:
     fast_lane_max_share: float = 0.25
     #: After this long waiting a job may preempt to start.
     max_wait_s: float = 6 * 3600.0
-    #: A job is not preempted before it has run this long since it last started.
+    #: A job is not preempted before it has run this long since it last started (on its first attempt).
     min_runtime_before_preempt_s: float = 600.0
+    #: Each restart (preemption or failure) multiplies that time by this, up to ``max(min_runtime_before_preempt_s,
+    #: max_wait_s)``: a job preempted again and again runs longer each time, so it makes progress (1: no backoff).
+    preempt_backoff: float = 2.0
     #: EASY backfill behind the head job's reservation.
     backfill: bool = True
     #: Most new preemption plans (one per preemptor) one cycle makes; bounds the cycle's cost.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler.core import Pending, Reservation, SchedulerConfig, run_cycle
 from tests.scheduler.test_core_builders import H, job, leaf_nodes, node, placed, running, snap, tenant
 
@@ -43,6 +45,28 @@ def test_a_job_inside_its_minimum_runtime_is_not_preempted() -> None:
     assert decisions.preemptions == ()
     later = run_cycle(snap(leaf_nodes("l1", 2), [job("b0", 8, tenant="b")], running_jobs=jobs, tenants=COHORT, config=config), NOW + 1)
     assert len(later.preemptions) == 1
+
+
+def _victims(config: SchedulerConfig, attempt: int, ran_s: float) -> list[str]:
+    """Who b0 (within its nominal) takes back from a, whose two borrowed jobs are on this attempt and ran ``ran_s``."""
+    jobs = [
+        replace(running(f"a-{i}", {f"l1-n{i}": tuple(range(8))}, tenant="a", started_at=NOW - ran_s), attempt=attempt) for i in range(2)
+    ]
+    snapshot = snap(leaf_nodes("l1", 2), [job("b0", 8, tenant="b")], running_jobs=jobs, tenants=COHORT, config=config)
+    return [p.job_id for p in run_cycle(snapshot, NOW).preemptions]
+
+
+def test_each_restart_doubles_the_time_a_job_runs_before_it_may_be_preempted_again_up_to_the_max_wait() -> None:
+    config = SchedulerConfig(min_runtime_before_preempt_s=600, preempt_backoff=2.0, max_wait_s=6 * H)
+    # First attempt: 10 min. Third attempt (two restarts): 40 min.
+    assert len(_victims(config, 1, 600)) == 1
+    assert _victims(config, 3, 40 * 60 - 1) == []
+    assert len(_victims(config, 3, 40 * 60)) == 1
+    # However often it restarted, at most the max wait (and no overflow for a huge attempt number).
+    assert _victims(config, 5000, 6 * H - 1) == []
+    assert len(_victims(config, 5000, 6 * H)) == 1
+    # A backoff of 1 turns it off.
+    assert len(_victims(replace(config, preempt_backoff=1.0), 3, 600)) == 1
 
 
 def test_a_higher_priority_job_preempts_its_own_tenants_lower_priority_job() -> None:
