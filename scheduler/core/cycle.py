@@ -13,8 +13,9 @@ The phases (each a named function below; docs/scheduler.md states the policy):
 4. ``admit``, per job in that order: can the shape ever fit; quota; placement (honouring
    reservations: EASY backfill); if blocked, a preemption plan when entitled; else the
    first blocked job of its GPU type takes that type's reservation for this cycle.
-5. ``settle_reservations``: per GPU type, the blocked job that has waited longest (aged
-   priority) keeps or takes the reservation fed back next cycle (anti-starvation); then
+5. ``settle_reservations``: per GPU type, a standing holder still blocked keeps the reservation
+   fed back next cycle; else the blocked job of the tenant with the lowest share of the type (its
+   longest waiter, by aged priority) takes it (anti-starvation); then
    ``grow``: elastic jobs take GPUs long idle where no job of their type waits
    (:mod:`scheduler.core.elastic`; shrinking comes in phase 4, before any preemption plan).
 6. ``fragmentation``: stranded GPUs and the largest gang placeable, per GPU type.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from scheduler.core.elastic import grow, plan_shrink
-from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, standing_key
+from scheduler.core.order import FairQueue, in_fast_lane, reservation_head_key, standing_key, type_share
 from scheduler.core.placement import Respect, fits_ignoring_holds, level_index, never_fits, place
 from scheduler.core.preempt import Plan, Preemptor, candidates, plan_preemption, preemptible_now
 from scheduler.core.quota import QuotaBook
@@ -488,7 +489,9 @@ def nominate(
 
 def reserve(cycle: Cycle, pool: Pool, job: PendingJob) -> bool:
     """Give ``job`` its GPU type's reservation for the rest of the cycle. False when nothing ever frees."""
-    planned = plan_reservation(cycle.ws, pool, job, cycle.nominated)
+    standing = cycle.standing.get(job.id)
+    keep = standing.node_ids if standing is not None and not (standing.victims or standing.shrinks) else ()
+    planned = plan_reservation(cycle.ws, pool, job, cycle.nominated, keep)
     if planned is None:
         return False
     nodes, start_at, holds = planned
@@ -507,16 +510,21 @@ def settle_reservations(cycle: Cycle) -> None:
     """Phase 5: per GPU type, the reservation fed back next cycle goes to the blocked job with the best
     :func:`reservation_head_key`, unless it already belongs to a standing holder that is still blocked.
 
-    Phase 4 gave it to the first blocked job in fair order (protecting this cycle); across
-    cycles it goes to whoever has waited longest, so no stream of jobs ahead in fair order
-    can keep a big gang from ever being protected.
+    Phase 4 gave it to the first blocked job in queue order (protecting this cycle), which may be a
+    fast-lane job or a job within its tenant's guarantee; across cycles it goes to the blocked job of
+    the tenant furthest below its share of the type, its longest waiter first, and stays with it
+    until it starts, so no stream of jobs ahead in the queue can keep a big gang from being protected.
     """
     for gpu_type in sorted(cycle.blocked):
         blocked = cycle.blocked[gpu_type]
         current = cycle.easy.get(gpu_type)
         if current is not None and current[0].id in cycle.standing:
             continue
-        head = min(blocked, key=lambda j: reservation_head_key(j, cycle.now, cycle.config))
+        shares = {
+            tenant: type_share(cycle.book, tenant, gpu_type, cycle.capacity, cycle.config.usage_half_life_s)
+            for tenant in {j.tenant for j in blocked}
+        }
+        head = min(blocked, key=lambda j: reservation_head_key(j, shares[j.tenant], cycle.now, cycle.config))
         if current is not None and current[0].id == head.id:
             continue
         pool = cycle.ws.pools[gpu_type]

@@ -54,13 +54,16 @@ def standing_key(reservation: Reservation) -> tuple[float, str]:
     return (reservation.start_at, reservation.job_id)
 
 
-def reservation_head_key(job: PendingJob, now: float, config: SchedulerConfig) -> tuple[float, float, str]:
-    """Who gets a GPU type's EASY reservation among its blocked jobs: 1. higher aged priority, 2. waited longer, 3. job id.
+def reservation_head_key(job: PendingJob, share: float, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
+    """Who gets a GPU type's EASY reservation among its blocked jobs: 1. the tenant with the lowest weighted share of
+    the type (``share``: :func:`type_share`, as the fair queue orders), 2. higher aged priority, 3. waited longer, 4. job id.
 
-    Age, not fair share, decides here: this is the anti-starvation rule, so the job that
-    has waited longest (weighted by priority class) is the one protected.
+    Fair share, then age: the reservation goes to the tenant furthest below its share, and within a tenant to its
+    longest waiter. A holder keeps the reservation until it starts, and each holder that starts raises its tenant's
+    share, so the turns go round the tenants with blocked jobs in fair order; a tenant's past use fades with the
+    half-life. Past ``max_wait_s`` a job may also preempt to start (:mod:`scheduler.core.preempt`, reason 3).
     """
-    return (-aged_priority(job, now, config), -waited_s(job, now), job.id)
+    return (round(share, 12), -aged_priority(job, now, config), -waited_s(job, now), job.id)
 
 
 def victim_cost_key(job: RunningJob, now: float) -> tuple[float, int, float, str]:

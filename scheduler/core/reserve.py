@@ -9,6 +9,13 @@ domain could hold the gang; the reservation takes the earliest such time (ties: 
 lower level, then the domain key) and its ``need`` earliest nodes.
 
 Nodes already held (another reservation or a nomination) are not considered.
+
+A standing holder keeps its nodes (``keep``) while they can still hold it: its shadow time is planned
+again on them, not on whichever nodes are now expected to free first. Expected ends are learned run
+times, and the node expected to free first is the one most likely to run late; a reservation that moved
+to it every cycle would give up the nodes it had drained and could wait for ever. On kept nodes nothing
+new starts that is expected to end after the shadow time, so the holder starts at the latest when their
+jobs reach their max runtime.
 """
 
 from __future__ import annotations
@@ -34,10 +41,18 @@ def free_at(node: NodeState, count: int, now: float) -> tuple[float, int]:
     return INF, free
 
 
-def plan_reservation(ws: Workspace, pool: Pool, job: PendingJob, excluded: set[int]) -> tuple[list[NodeState], float, list[Hold]] | None:
-    """The nodes to hold for ``job``, the shadow time, and the holds; None when nothing ever frees."""
+def plan_reservation(
+    ws: Workspace, pool: Pool, job: PendingJob, excluded: set[int], keep: tuple[str, ...] = ()
+) -> tuple[list[NodeState], float, list[Hold]] | None:
+    """The nodes to hold for ``job``, the shadow time, and the holds; None when nothing ever frees.
+
+    ``keep``: the nodes its standing reservation holds; planned on again while they still can hold it.
+    """
     now = ws.now
     candidates = [n for n in pool.nodes if n.ord not in pool.holds and n.ord not in excluded]
+    kept = _on_kept(ws, pool, job, candidates, keep)
+    if kept is not None:
+        return kept
     if job.gpu_count <= pool.max_size:
         best: tuple[float, int, int] | None = None
         for node in candidates:
@@ -81,3 +96,26 @@ def plan_reservation(ws: Workspace, pool: Pool, job: PendingJob, excluded: set[i
     at, level, key = choice
     chosen = [ws.nodes[ordinal] for _, ordinal in groups[(level, key)][:need]]
     return chosen, at, [Hold(job_id=job.id, start_at=at, spare=0) for _ in chosen]
+
+
+def _on_kept(
+    ws: Workspace, pool: Pool, job: PendingJob, candidates: list[NodeState], keep: tuple[str, ...]
+) -> tuple[list[NodeState], float, list[Hold]] | None:
+    """The reservation planned again on the nodes it holds, if they are all still candidates and still hold the job:
+    a single-node job's node has at least its GPUs; a gang's nodes are as many full-size nodes as it needs."""
+    if not keep:
+        return None
+    ordinals = {n.ord for n in candidates}
+    nodes = [ws.by_id[node_id] for node_id in keep if node_id in ws.by_id]
+    if len(nodes) != len(keep) or any(n.ord not in ordinals for n in nodes):
+        return None
+    if job.gpu_count <= pool.max_size:
+        if len(nodes) != 1 or nodes[0].size < job.gpu_count:
+            return None
+        at, free = free_at(nodes[0], job.gpu_count, ws.now)
+        return None if at == INF else (nodes, at, [Hold(job_id=job.id, start_at=at, spare=free - job.gpu_count)])
+    need = math.ceil(job.gpu_count / pool.big) if pool.big else 0
+    if need <= 0 or len(nodes) != need or any(n.size != pool.big for n in nodes):
+        return None
+    at = max(free_at(n, n.size, ws.now)[0] for n in nodes)
+    return None if at == INF else (nodes, at, [Hold(job_id=job.id, start_at=at, spare=0) for _ in nodes])

@@ -80,23 +80,56 @@ def test_a_standing_reservation_goes_before_fair_share_next_cycle() -> None:
     assert list(placed(decisions)) == ["gang"]
 
 
-def test_the_reservation_carried_to_the_next_cycle_goes_to_the_longest_waiting_blocked_job() -> None:
-    tenants = [tenant("heavy", decayed=1e7, nominal=64), tenant("fresh", nominal=64)]
-    nodes = leaf_nodes("l1", 2)
+def _held_by_other() -> tuple[list, list]:
+    """Two nodes of one leaf, held by a third tenant until 7 h and 6 h."""
     busy = [
-        running("r0", {"l1-n0": tuple(range(8))}, tenant="fresh", started_at=4 * H, end=7 * H),
-        running("r1", {"l1-n1": tuple(range(8))}, tenant="fresh", started_at=4 * H, end=6 * H),
+        running("r0", {"l1-n0": tuple(range(8))}, tenant="other", started_at=4 * H, end=7 * H),
+        running("r1", {"l1-n1": tuple(range(8))}, tenant="other", started_at=4 * H, end=6 * H),
     ]
-    pending = [job("gang", 16, tenant="heavy", level="leaf", queued_at=0), job("fresh1", 4, tenant="fresh", queued_at=5 * H - MIN)]
+    return leaf_nodes("l1", 2), busy
+
+
+def test_the_reservation_carried_to_the_next_cycle_goes_to_the_tenant_furthest_below_its_share() -> None:
+    tenants = [tenant("heavy", decayed=1e7, nominal=64), tenant("fresh", nominal=64), tenant("other", nominal=64)]
+    nodes, busy = _held_by_other()
+    # heavy's short job is in the fast lane (first in queue order) and has waited 5 h; fresh's gang, 1 min.
+    pending = [
+        job("short", 4, tenant="heavy", queued_at=0, runtime=0.5 * H),
+        job("gang", 16, tenant="fresh", level="leaf", queued_at=5 * H - MIN, runtime=10 * H),
+    ]
     decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), 5 * H)
-    # fresh1 is first in fair order and held the reservation during the cycle; the gang has waited 5 h and keeps it.
+    # short held the reservation during the cycle; fresh is below its share (heavy far above), so its gang keeps it.
     assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=7 * H),)
-    assert (decisions.pending_codes["gang"], decisions.pending_codes["fresh1"]) == (Pending.NO_FREE_DOMAIN, Pending.NO_FREE_NODE)
+    assert (decisions.pending_codes["gang"], decisions.pending_codes["short"]) == (Pending.NO_FREE_DOMAIN, Pending.NO_FREE_NODE)
     assert decisions.pending_reasons["gang"] == (
         "no topology domain fits: not enough wholly free H100 nodes in one leaf for 16 GPUs; "
         "holds a reservation on l1-n0, l1-n1 from 07:00 UTC, in 2 h"
     )
-    assert decisions.pending_reasons["fresh1"] == "no H100 node has 4 free GPUs"
+    assert decisions.pending_reasons["short"] == "no H100 node has 4 free GPUs"
+
+
+def test_within_a_tenant_the_reservation_carried_to_the_next_cycle_goes_to_its_longest_waiter() -> None:
+    tenants = [tenant("t", nominal=64), tenant("other", nominal=64)]
+    nodes, busy = _held_by_other()
+    # The short job (fast lane, first in queue order) has waited 1 min; the gang, 5 h.
+    pending = [
+        job("short", 4, tenant="t", queued_at=5 * H - MIN, runtime=0.5 * H),
+        job("gang", 16, tenant="t", level="leaf", queued_at=0, runtime=10 * H),
+    ]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), 5 * H)
+    assert [r.job_id for r in decisions.reservations] == ["gang"]
+
+
+def test_a_standing_holder_still_blocked_keeps_the_reservation_against_a_tenant_further_below_its_share() -> None:
+    tenants = [tenant("heavy", decayed=1e7, nominal=64), tenant("fresh", nominal=64), tenant("other", nominal=64)]
+    nodes, busy = _held_by_other()
+    pending = [
+        job("short", 4, tenant="heavy", queued_at=0, runtime=0.5 * H),
+        job("gang", 16, tenant="fresh", level="leaf", queued_at=5 * H - MIN, runtime=10 * H),
+    ]
+    standing = (Reservation(job_id="short", node_ids=("l1-n1",), start_at=6 * H),)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants, reservations=standing), 5 * H)
+    assert [r.job_id for r in decisions.reservations] == ["short"]
 
 
 def test_past_max_wait_a_job_preempts_a_lower_priority_job_when_quotas_are_off() -> None:
@@ -281,3 +314,34 @@ def test_the_fast_lane_holds_at_most_its_share_of_a_gpu_type_and_the_rest_of_its
     # With a bound of one half (16 GPUs), all three are in the lane.
     half = SchedulerConfig(fast_lane_max_share=0.5)
     assert queue_order(snap(nodes, pending, running_jobs=busy, config=half), 2 * H) == ["b-short1", "b-short2", "b-short3", "a-long"]
+
+
+def test_a_standing_holder_keeps_its_nodes_though_another_is_now_expected_to_free_first() -> None:
+    # big reserved l1-n0 when r0 was expected to end first; r0 ran late (learned run times), and r1 on l1-n1 is now
+    # expected to end sooner. Moving would give up l1-n0, drained of new work, for a node that may run late too.
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, started_at=0.0, end=2 * H + 10 * MIN),
+        running("r1", {"l1-n1": tuple(range(8))}, started_at=0.0, end=2 * H + 5 * MIN),
+    ]
+    standing = (Reservation(job_id="big", node_ids=("l1-n0",), start_at=H),)
+    decisions = run_cycle(snap(leaf_nodes("l1", 2), [job("big", 8)], running_jobs=busy, reservations=standing), 2 * H)
+    assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n0",), start_at=2 * H + 10 * MIN),)
+    # Without a standing reservation (or with one on a node that is gone), the node expected to free first.
+    for fed_back in [(), (Reservation(job_id="big", node_ids=("l1-n7",), start_at=H),)]:
+        fresh = run_cycle(snap(leaf_nodes("l1", 2), [job("big", 8)], running_jobs=busy, reservations=fed_back), 2 * H)
+        assert fresh.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=2 * H + 5 * MIN),)
+
+
+def test_a_standing_gang_reservation_keeps_its_nodes() -> None:
+    nodes = leaf_nodes("l1", 3)
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, started_at=0.0, end=2 * H + 30 * MIN),
+        running("r1", {"l1-n1": tuple(range(8))}, started_at=0.0, end=2 * H + 20 * MIN),
+        running("r2", {"l1-n2": tuple(range(8))}, started_at=0.0, end=2 * H + 5 * MIN),
+    ]
+    standing = (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=H),)
+    pending = [job("gang", 16, level="leaf")]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, reservations=standing), 2 * H)
+    assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n0", "l1-n1"), start_at=2 * H + 30 * MIN),)
+    fresh = run_cycle(snap(nodes, pending, running_jobs=busy), 2 * H)
+    assert fresh.reservations == (Reservation(job_id="gang", node_ids=("l1-n1", "l1-n2"), start_at=2 * H + 20 * MIN),)
