@@ -152,7 +152,7 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
         "no forward simulation of the queue as it is can see: the jobs that arrive after the estimate and start first",
         "(a tenant further below its fair share, the fast lane's short jobs). What is left when the whole future is",
         "known does not come from which run times the policy decides on (the last row, a replay of the run itself,",
-        "misses by about as much, less at load 0.7 and more at 1.0). It is where the forward simulation departs from",
+        "misses by about as much: within a few points either way). It is where the forward simulation departs from",
         "the run: its 15-minute grid, and what the run does that it does not: the predictor goes on learning from",
         "the jobs that finish, and running jobs' expected ends are corrected as they overrun. Calibrating from",
         "earlier outcomes corrects the bias of the estimator as it is, but adds error to a forecast that is already",
