@@ -123,10 +123,16 @@ def decide(cycle: Cycle, snapshot: Snapshot) -> Decisions:
     queue = order_queue(cycle)
     # 4. Admit in order; jobs that would borrow from the cohort wait for a second pass, after every
     #    job that fits its own tenant's guarantee, so that nobody borrows what its owner claims
-    #    in the same cycle (as Kueue orders non-borrowing workloads first).
+    #    in the same cycle (as Kueue orders non-borrowing workloads first). A standing reservation's
+    #    holder is not deferred: its nodes are held before anyone else is placed, or a borrowing
+    #    gang's drained nodes would go to the first owner's job each time they came free.
     borrowers = []
     for job in queue:
-        if cycle.book.tenant(job.tenant).cohort is not None and not cycle.book.within_nominal(job.tenant, job.gpu_type, job.gpu_count):
+        if (
+            job.id not in cycle.standing
+            and cycle.book.tenant(job.tenant).cohort is not None
+            and not cycle.book.within_nominal(job.tenant, job.gpu_type, job.gpu_count)
+        ):
             borrowers.append(job)
             continue
         admit(cycle, job)

@@ -132,6 +132,28 @@ def test_a_standing_holder_still_blocked_keeps_the_reservation_against_a_tenant_
     assert [r.job_id for r in decisions.reservations] == ["short"]
 
 
+def test_a_borrowing_standing_holder_keeps_its_drained_node_from_an_owner_that_would_run_past_it() -> None:
+    # "small" has no H100 quota of its own: its gang borrows owner's unused guarantee. l1-n1 is draining for it
+    # (6 GPUs free, the last 2 at 30 min); owner's 6-GPU job, within its guarantee, would run 4 h on them.
+    tenants = [tenant("owner", cohort="c", nominal=32), tenant("small", cohort="c", nominal=0)]
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, tenant="owner", end=3 * H),
+        running("r1", {"l1-n1": (6, 7)}, tenant="owner", end=0.5 * H),
+        running("r2", {"l1-n2": tuple(range(8))}, tenant="owner", end=3 * H),
+    ]
+    pending = [job("gang", 8, tenant="small", queued_at=0), job("own", 6, tenant="owner", queued_at=60.0, runtime=4 * H)]
+    nodes = leaf_nodes("l1", 3)
+    # Without a reservation, the owner's job goes first (borrowers wait for the second pass) and takes l1-n1.
+    fresh = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), 120.0)
+    assert placed(fresh) == {"own": [("l1-n1", (0, 1, 2, 3, 4, 5))]}
+    # The gang's standing reservation on l1-n1 is held before the owner's job is placed: it waits, the node drains.
+    standing = (Reservation(job_id="gang", node_ids=("l1-n1",), start_at=0.5 * H),)
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants, reservations=standing), 120.0)
+    assert decisions.binds == ()
+    assert decisions.reservations == (Reservation(job_id="gang", node_ids=("l1-n1",), start_at=0.5 * H),)
+    assert decisions.pending_codes["own"] == Pending.RESERVED and decisions.pending_reasons["own"] == "reserved behind job gang"
+
+
 def test_past_max_wait_a_job_preempts_a_lower_priority_job_when_quotas_are_off() -> None:
     config = SchedulerConfig(max_wait_s=6 * H, aging_per_hour=10.0)
     busy = [running("r", {"l1-n0": tuple(range(8))}, tenant="x", started_at=0.0, end=60 * H)]
