@@ -10,12 +10,12 @@ lower level, then the domain key) and its ``need`` earliest nodes.
 
 Nodes already held (another reservation or a nomination) are not considered.
 
-A standing holder keeps its nodes (``keep``) while they can still hold it: its shadow time is planned
-again on them, not on whichever nodes are now expected to free first. Expected ends are learned run
-times, and the node expected to free first is the one most likely to run late; a reservation that moved
-to it every cycle would give up the nodes it had drained and could wait for ever. On kept nodes nothing
-new starts that is expected to end after the shadow time, so the holder starts at the latest when their
-jobs reach their max runtime.
+A standing holder keeps its nodes (``keep``) while they can still hold it and no other nodes are expected
+to hold it much sooner (:func:`moves`): its shadow time is planned again on them, not on whichever nodes
+are now expected to free first. Expected ends are learned run times, and the node expected to free first
+is the one most likely to run late; a reservation that moved to it every cycle would give up the nodes it
+had drained and could wait for ever. On kept nodes nothing new starts that is expected to end after the
+shadow time; when their jobs outlive their learned ends by hours, the holder moves.
 """
 
 from __future__ import annotations
@@ -48,11 +48,30 @@ def plan_reservation(
 
     ``keep``: the nodes its standing reservation holds; planned on again while they still can hold it.
     """
-    now = ws.now
     candidates = [n for n in pool.nodes if n.ord not in pool.holds and n.ord not in excluded]
     kept = _on_kept(ws, pool, job, candidates, keep)
-    if kept is not None:
+    fresh = _earliest(ws, pool, job, candidates)
+    if kept is not None and (fresh is None or not moves(kept[1], fresh[1], ws.now)):
         return kept
+    return fresh
+
+
+def moves(kept_at: float, fresh_at: float, now: float) -> bool:
+    """Does a standing holder leave its nodes (shadow time ``kept_at``) for nodes now expected to hold it at
+    ``fresh_at``? Only when those would start it at least ``MOVE_SLACK_S`` sooner and in under half the time:
+    a kept reservation whose nodes' jobs keep outliving their learned ends would otherwise hold the GPU type's
+    only reservation for as long as their max runtimes, while every other blocked job of the type waits
+    unprotected; a small gain is not worth the drained GPUs it gives up."""
+    return kept_at - now > 2.0 * (fresh_at - now) + MOVE_SLACK_S
+
+
+#: How much sooner other nodes must be expected to hold a standing holder before it moves (plus half the wait).
+MOVE_SLACK_S = 3600.0
+
+
+def _earliest(ws: Workspace, pool: Pool, job: PendingJob, candidates: list[NodeState]) -> tuple[list[NodeState], float, list[Hold]] | None:
+    """The reservation on the candidates expected to hold ``job`` first (module docstring)."""
+    now = ws.now
     if job.gpu_count <= pool.max_size:
         best: tuple[float, int, int] | None = None
         for node in candidates:

@@ -354,6 +354,22 @@ def test_a_standing_holder_keeps_its_nodes_though_another_is_now_expected_to_fre
         assert fresh.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=2 * H + 5 * MIN),)
 
 
+def test_a_standing_holder_moves_when_its_nodes_run_hours_late_and_another_frees_much_sooner() -> None:
+    # r0 on big's node keeps outliving its learned end: it is now expected to run 10 h more; r1 ends in 30 min.
+    busy = [
+        running("r0", {"l1-n0": tuple(range(8))}, started_at=0.0, end=12 * H),
+        running("r1", {"l1-n1": tuple(range(8))}, started_at=0.0, end=2 * H + 30 * MIN),
+    ]
+    standing = (Reservation(job_id="big", node_ids=("l1-n0",), start_at=H),)
+    decisions = run_cycle(snap(leaf_nodes("l1", 2), [job("big", 8)], running_jobs=busy, reservations=standing), 2 * H)
+    assert decisions.reservations == (Reservation(job_id="big", node_ids=("l1-n1",), start_at=2 * H + 30 * MIN),)
+    # Sooner, but not by an hour plus half the wait (3 h on its node against 1 h elsewhere): it stays.
+    busy[0] = replace(busy[0], expected_end=5 * H)
+    busy[1] = replace(busy[1], expected_end=3 * H)
+    kept = run_cycle(snap(leaf_nodes("l1", 2), [job("big", 8)], running_jobs=busy, reservations=standing), 2 * H)
+    assert kept.reservations == (Reservation(job_id="big", node_ids=("l1-n0",), start_at=5 * H),)
+
+
 def test_a_standing_gang_reservation_keeps_its_nodes() -> None:
     nodes = leaf_nodes("l1", 3)
     busy = [
