@@ -41,7 +41,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlmodel import col
 
+from benchmarks.ports import free_port
 from cli.platform import DevPlatform, wait_for_port
 from fairgang.cluster import ClusterConfig
 from store.db import Database
@@ -113,18 +113,6 @@ threading.Thread(target=tick, daemon=True).start()
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range (no server's own random port can take it meanwhile)."""
-    while True:
-        port = random.randint(32000, 32700)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 PG_BIN = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True) if (p / "postgres").exists()), None)

@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.ports import free_port
 from fairgang.cluster import ClusterConfig, NodeConfig, QuotaConfig, TenantConfig, node_credential
 from store import health, tenants
 from store import nodes as stored_nodes
@@ -184,12 +184,6 @@ async def drop_pg_database(url: str) -> None:
 
 
 # ---------------------------------------------------------------- the API process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_api(url: str, port: int, workers: int, log_dir: Path) -> subprocess.Popen[bytes]:

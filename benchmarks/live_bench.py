@@ -37,7 +37,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from benchmarks import scale_store
+from benchmarks.ports import free_port
 from cli.platform import DevPlatform, wait_for_port
 from store.db import Database
 
@@ -112,12 +112,6 @@ class Result:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def quantile(values: list[float], q: float) -> float | None:

@@ -17,7 +17,7 @@ activity's heartbeat cycle. Times: the request's send time (this process's wall 
 ``$EPOCHREALTIME`` at its SIGTERM trap, and the store's event times (same machine, same clock).
 Also prints the CPU time the platform's processes used during the measurement.
 
-Run: ``.venv/bin/python benchmarks/signal_bench.py`` (``--help`` for options; ``DATABASE_URL`` picks
+Run: ``.venv/bin/python -m benchmarks.signal_bench`` (``--help`` for options; ``DATABASE_URL`` picks
 PostgreSQL, SQLite otherwise).
 """
 
@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ import httpx
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+from benchmarks.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN, ADMIN = "alpha-token", "admin-token"
@@ -70,12 +71,6 @@ else trap 'echo $EPOCHREALTIME > "$d/term-$a"' TERM; fi
 echo $EPOCHREALTIME > "$d/started-$a"
 while :; do sleep 600 & wait $!; done
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Dev:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,13 +34,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.ports import free_port
+
 VIEWS = ("/v1/queue", "/v1/tenants", "/v1/fleet", "/metrics")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,34 +20,12 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.ports import free_port
 from fairgang.cluster import ClusterConfig
 from tests.conftest import _PG_PROBLEM, create_pg_database, drop_pg_database, small_cluster
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"}
 REPO = Path(__file__).resolve().parents[2]
-
-
-_used_ports: set[int] = set()
-
-
-#: Each pytest-xdist worker draws from its own slice of the range, so parallel platforms never collide.
-_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-_PORTS = (20000 + 2000 * (_WORKER % 6), 20000 + 2000 * (_WORKER % 6) + 1999)
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range, so no server's own random ports can take it."""
-    while True:
-        port = random.randint(*_PORTS)
-        if port in _used_ports:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _used_ports.add(port)
-        return port
 
 
 class Platform:
