@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -15,6 +14,7 @@ import pytest
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
+from benchmarks.ports import free_port
 from cli.platform import temporal_binary
 from fairgang.settings import SEARCH_ATTRIBUTES
 
@@ -30,14 +30,8 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_worker_serves_the_sdk_metrics(temporal: WorkflowEnvironment, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "FAIRGANG_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'w.db'}",

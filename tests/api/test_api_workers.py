@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.ports import free_port
 from store.db import migrate_sync
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -37,7 +31,7 @@ def _children(pid: int) -> list[int]:
 def test_api_workers_share_the_port(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'fairgang.db'}"
     migrate_sync(url)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FAIRGANG_DATABASE_URL": url, "FAIRGANG_TEMPORAL_ADDRESS": "127.0.0.1:1", "FAIRGANG_LOG_DIR": str(tmp_path)}
     env.pop("DATABASE_URL", None)
     cmd = [sys.executable, "-m", "cli", "api", "--port", str(port), "--workers", "2"]
