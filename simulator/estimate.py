@@ -4,7 +4,11 @@ The live API and the simulator call the same function. From one snapshot it repl
 future with no new arrivals: running jobs end at their ``expected_end``, a job the policy
 starts runs for its ``expected_runtime_s`` (else its ``max_runtime_s``), and the policy is
 asked again after ends, on a grid of ``step_s``. A job's estimate is the first time the
-policy binds it. Preemptions the policy asks for are applied (the victim waits again).
+policy binds it, back-dated within that step to when its GPUs came free (and it had arrived):
+the service decides far more often than the grid, so a start at the grid's time would make
+every start in a chain late by up to a step, and a queue's later jobs late by the sum of them;
+a job started back in a step that has ended by the step's time is released and the policy is
+asked again at that time. Preemptions the policy asks for are applied (the victim waits again).
 Pure: no clock, no I/O; imports only the core's types.
 
 ``estimate_intervals`` gives each waiting job a (low, median, high) start: the same forward simulation once
@@ -81,19 +85,30 @@ def estimate_starts(
     heapq.heapify(ends)
     starts: dict[str, float] = {}
     t = now
+    #: The previous cycle's time: a job bound now would have been bound by a cycle since (the service's cycles
+    #: are far finer than the grid), once its GPUs were free and it had arrived.
+    before = now
+    #: The latest end or arrival the simulation has seen (what changed since ``before``, when a job's own GPUs and
+    #: arrival do not say why it was not bound then).
+    changed = now
+    #: (node, GPU) -> when it came free, for those freed since ``now`` (GPUs free at ``now`` are free since then).
+    freed: dict[tuple[str, int], float] = {}
     stale: set[str] = set()
     reservations = snapshot.reservations
 
-    def release(job: RunningJob) -> None:
+    def release(job: RunningJob, at: float) -> None:
         for m in job.members:
             free[m.node_id].update(m.gpu_indices)
             stale.add(m.node_id)
+            for g in m.gpu_indices:
+                freed[(m.node_id, g)] = at
 
     later = sorted(arrivals, key=lambda j: (j.queued_at, j.id))
     arrived = 0
     for _ in range(max_steps):
         while arrived < len(later) and later[arrived].queued_at <= t:
             pending[later[arrived].id] = later[arrived]
+            changed = max(changed, later[arrived].queued_at)
             arrived += 1
         for node_id in stale:
             v = views[node_id]
@@ -121,7 +136,7 @@ def estimate_starts(
             victim = running.pop(p.job_id, None)
             if victim is None:
                 continue
-            release(victim)
+            release(victim, t)
             lasts.pop(victim.id, None)
             pending[victim.id] = PendingJob(
                 id=victim.id,
@@ -146,6 +161,7 @@ def estimate_starts(
                 continue
             for n, g in old - new:
                 free[n].add(g)
+                freed[(n, g)] = t
                 stale.add(n)
             for n, g in new - old:
                 free[n].discard(g)
@@ -156,35 +172,50 @@ def estimate_starts(
             if job is None or any(not set(m.gpu_indices) <= free[m.node_id] for m in b.members):
                 continue
             del pending[job.id]
+            # Its start: when the last of its GPUs came free or it arrived, if that was since the previous cycle; else
+            # (it was held back then) the latest end or arrival since, else this cycle. Never the grid's time alone.
+            enabled = max((freed.get((m.node_id, g), now) for m in b.members for g in m.gpu_indices), default=now)
+            enabled = max(enabled, job.queued_at)
+            if enabled <= before:
+                enabled = changed if changed > before else t
+            began = min(max(enabled, before, now), t)
             if job.id in want and job.id not in starts:
-                starts[job.id] = t
+                starts[job.id] = began
             for m in b.members:
                 free[m.node_id].difference_update(m.gpu_indices)
                 stale.add(m.node_id)
             run = job.expected_runtime_s if job.expected_runtime_s is not None else job.max_runtime_s
-            running[job.id] = RunningJob.started(job, b.members, t, run)
-            heapq.heappush(ends, (t + lasts.get(job.id, run), job.id, job.attempt))
+            running[job.id] = RunningJob.started(job, b.members, began, run)
+            heapq.heappush(ends, (began + lasts.get(job.id, run), job.id, job.attempt))
         if want <= starts.keys() or (not pending and arrived == len(later)):
             break
         # Advance to the next end (stale entries belong to preempted attempts), then to the grid; after a
-        # preemption or a resize, one step only (the job it was for binds once the GPUs are free).
+        # preemption or a resize, one step only (the job it was for binds once the GPUs are free). A job started
+        # back in this step that has ended by now is released and the policy asked again at this time (the
+        # service's cycles would have used its GPUs since it ended), before the clock moves on.
+        decided_at = t
         while ends and (ends[0][1] not in running or running[ends[0][1]].attempt != ends[0][2]):
             heapq.heappop(ends)
-        if decisions.preemptions or decisions.resizes:
+        if ends and ends[0][0] <= t and not (decisions.preemptions or decisions.resizes):
+            pass
+        elif decisions.preemptions or decisions.resizes:
             t = t + (step_s if step_s > 0 else 1.0)
         elif not ends and arrived == len(later):
             break
         else:
             nxt = min(ends[0][0] if ends else math.inf, later[arrived].queued_at if arrived < len(later) else math.inf)
             t = max(t + step_s, math.ceil(nxt / step_s) * step_s) if step_s > 0 else nxt
+        if t != decided_at:
+            before = decided_at
         if t > now + horizon_s:
             break
         while ends and ends[0][0] <= t:
-            _, job_id, attempt = heapq.heappop(ends)
+            end, job_id, attempt = heapq.heappop(ends)
             done = running.get(job_id)
             if done is not None and done.attempt == attempt:
                 del running[job_id]
-                release(done)
+                release(done, end)
+                changed = max(changed, end)
     return starts
 
 

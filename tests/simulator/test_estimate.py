@@ -40,12 +40,39 @@ def test_jobs_arriving_later_join_the_forward_simulation_at_their_time():
     later = [pending("short", 8, at=10.0, runtime=50.0)]
     assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0) == {"long": 100.0}
     assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0, arrivals=later) == {"long": 150.0}
-    assert estimate_starts(snap, 0.0, Sjf(), step_s=30.0, arrivals=later) == {"long": 180.0}  # 120 + 50, on the grid
+    # On a grid too: "short" is bound at 120 but started when the GPUs came free (100), so "long" at 150.
+    assert estimate_starts(snap, 0.0, Sjf(), step_s=30.0, arrivals=later) == {"long": 150.0}
     # One arriving after the running job has ended finds the queue empty but for "long", which has started.
     assert estimate_starts(snap, 0.0, Sjf(), step_s=0.0, arrivals=[pending("short", 8, at=120.0, runtime=50.0)]) == {"long": 100.0}
     # With nothing running or waiting yet, arrivals alone drive the clock (and are not targets).
     empty = snapshot([node("n0", 8)], [pending("w", 8, runtime=500.0)])
     assert estimate_starts(empty, 0.0, Sjf(), step_s=0.0, arrivals=later) == {"w": 0.0}
+
+
+def test_on_a_coarse_grid_a_start_is_when_its_gpus_came_free_not_the_cycle_that_saw_it():
+    # The service's cycles are far finer than the forward simulation's grid: a job bound at the cycle after its
+    # GPUs came free started about when they did. Otherwise every start in a chain is late by up to a step,
+    # and a queue's later jobs by the sum of them.
+    snap = snapshot(
+        [node("n0", 0)],
+        [pending("first", 8, at=1.0, runtime=50.0), pending("second", 8, at=2.0, runtime=70.0)],
+        [running("r", "n0", tuple(range(8)), end=100.0)],
+    )
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=300.0) == {"first": 100.0, "second": 150.0}
+    # A job held back behind the head (its GPUs free all along) started when what held it changed: r's end at 100.
+    held = snapshot(
+        [node("n0", 0), node("n1", {4, 5, 6, 7})],
+        [pending("head", 8, at=1.0, runtime=50.0), pending("small", 4, at=2.0, runtime=50.0)],
+        [running("r", "n0", tuple(range(8)), end=100.0), running("r2", "n1", (0, 1, 2, 3), end=1000.0)],
+    )
+    assert (
+        estimate_starts(held, 10.0, Fifo(), step_s=300.0)
+        == {"head": 100.0, "small": 100.0}
+        == estimate_starts(held, 10.0, Fifo(), step_s=0.0)
+    )
+    # Never before the cycle before the one that bound it (it was not bound then), nor before the snapshot.
+    busy = snapshot([node("n0", 8)], [pending("w", 8, runtime=50.0)])
+    assert estimate_starts(busy, 500.0, Fifo(), step_s=300.0) == {"w": 500.0}
 
 
 def test_a_job_that_can_never_fit_has_no_estimate():
@@ -166,12 +193,13 @@ def test_intervals_are_ordered(jobs, ends, ratios, step):
 
 
 def test_the_median_is_the_median_simulation_on_its_own_grid():
-    # r ends at 45: on the median's 30 s grid "next" starts at 60, on the bounds' 120 s grid at 120; the median is
-    # the median simulation's start, not the middle of the three (the what-if's "no change" replays only that one).
+    # r ends at 45, scaled by each ratio: "next" starts at 45 (low), 135 (median, on its 30 s grid) and 90 (high, on
+    # the bounds' 120 s grid); the median is the median simulation's start, not the middle of the three (the
+    # what-if's "no change" replays only that one), and the high the latest of them.
     snap = snapshot([node("n0", 0)], [_expecting(pending("next", 8, runtime=100.0), 50.0)], [running("r", "n0", tuple(range(8)), end=45.0)])
-    got = estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 1.0, 1.0), step_s=30.0, bound_step_s=120.0)
-    assert got == {"next": (60.0, 60.0, 120.0)}
-    assert estimate_starts(snap, 0.0, Fifo(), step_s=30.0) == {"next": 60.0}
+    got = estimate_intervals(snap, 0.0, Fifo, ratios=(1.0, 3.0, 2.0), step_s=30.0, bound_step_s=120.0)
+    assert got == {"next": (45.0, 135.0, 135.0)}
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=30.0) == {"next": 45.0}
 
 
 def test_a_job_that_an_elastic_job_shrinks_for_is_predicted_to_start_at_once_not_at_the_elastic_jobs_end():
