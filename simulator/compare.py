@@ -6,11 +6,12 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import cast
 
 from scheduler.core.types import PendingJob, Snapshot
 from simulator.calibrate import WaitCalibrator
 from simulator.engine import Engine, SimOptions, SimResult
-from simulator.estimate import estimate_starts
+from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals, estimate_starts
 from simulator.fleet import Fleet
 from simulator.metrics import Prediction, estimate_accuracy, summarize
 from simulator.policies import get_policy
@@ -28,7 +29,10 @@ class EstimatorProbe:
     With ``started`` (job id -> its first start, or None while it has not started), each raw
     forward-simulated estimate is calibrated as the live API calibrates it
     (:class:`simulator.calibrate.WaitCalibrator`), from the outcomes of this run's earlier
-    estimates whose jobs have started by now: never from the future.
+    estimates whose jobs have started by now: never from the future. With ``ratios`` too (the run-time
+    predictor's error ratios at ``INTERVAL_QUANTILES``, as they are now), a job the calibrator has too few
+    samples for gets the live API's cold-start interval (``estimate_intervals``: the forward simulation with
+    remaining run times scaled by each ratio) instead of its raw start alone.
     """
 
     def __init__(
@@ -43,8 +47,10 @@ class EstimatorProbe:
         view: Callable[[Snapshot], Snapshot] | None = None,
         arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
         replay: Callable[[Snapshot, Sequence[PendingJob]], tuple[dict[str, float], dict[str, float]]] | None = None,
+        ratios: Callable[[], Sequence[float]] | None = None,
     ) -> None:
         self.make = make_policy
+        self.ratios = ratios
         #: A study's variants: what the estimator is shown instead of the snapshot (e.g. true run times), and the
         #: jobs it is told will arrive after ``now`` (``estimate_starts``' ``arrivals``). None: as the live API.
         self.view = view
@@ -93,6 +99,7 @@ class EstimatorProbe:
             true_ends=true_ends,
             true_runtimes=true_runtimes,
         )
+        cold: dict[str, tuple[float | None, float | None, float | None]] | None = None
         for job in snapshot.pending:
             if job.attempt != 1:
                 continue
@@ -106,6 +113,13 @@ class EstimatorProbe:
                 continue
             group = size_class(job.gpu_count)
             self.outstanding.setdefault(job.id, []).append((now, raw - now, group))
+            if self.ratios is not None and not self.calibrator.calibrates(raw - now, group):
+                if cold is None:
+                    make = cast(Callable[[], Policy], self.make)
+                    cold = estimate_intervals(shown, now, make, ratios=self.ratios(), step_s=self.step_s, max_steps=self.max_steps)
+                lo, med, hi = cold.get(job.id, (None, None, None))
+                self.predictions.append((job.id, now, med, job.id in fresh, lo, hi, job.gpu_count))
+                continue
             low, median, high = self.calibrator.interval(raw - now, group)
             self.predictions.append((job.id, now, now + median, job.id in fresh, now + low, now + high, job.gpu_count))
 
@@ -136,7 +150,9 @@ def probe_for(
     arrivals: Callable[[float], Sequence[PendingJob]] | None = None,
     replay: Callable[[Snapshot, Sequence[PendingJob]], tuple[dict[str, float], dict[str, float]]] | None = None,
 ) -> EstimatorProbe:
-    """An estimator probe of the engine's policy, calibrated from the engine's own starts so far."""
+    """An estimator probe of the engine's policy, calibrated from the engine's own starts so far; one shown the
+    platform's own knowledge (no ``view``, ``arrivals`` or ``replay``) falls back as the live API does where it
+    cannot calibrate yet (the engine's run-time predictor's error ratios as they are at each probe)."""
 
     def started(job_id: str) -> float | None:
         return engine.jobs[engine.job_index[job_id]].first_start
@@ -150,6 +166,7 @@ def probe_for(
         view=view,
         arrivals=arrivals,
         replay=replay,
+        ratios=(lambda: engine.predictor.quantiles(INTERVAL_QUANTILES)) if view is None and arrivals is None and replay is None else None,
     )
 
 
