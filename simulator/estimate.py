@@ -61,7 +61,8 @@ def estimate_starts(
         targets: stop once these jobs all have a prediction (default: every waiting job).
         step_s: the policy is asked at most once per step (ends inside a step share a cycle).
         horizon_s: look no further ahead than this.
-        max_steps: and ask the policy at most this many times.
+        max_steps: and move the clock at most this many times (the policy asked again at the same time for jobs
+            started back in a step and ended by its time counts apart: at most as many times again).
         overdue_s: a running job whose expected end is not after ``now`` is taken to end this long after ``now``.
         arrivals: jobs that join the queue later, each at its ``queued_at`` (ids unlike the snapshot's): a study of
             what the jobs that arrive after an estimate change (none by default: the future is not known).
@@ -105,7 +106,8 @@ def estimate_starts(
 
     later = sorted(arrivals, key=lambda j: (j.queued_at, j.id))
     arrived = 0
-    for _ in range(max_steps):
+    steps = again = 0
+    while steps < max_steps and again <= max_steps:
         while arrived < len(later) and later[arrived].queued_at <= t:
             pending[later[arrived].id] = later[arrived]
             changed = max(changed, later[arrived].queued_at)
@@ -197,7 +199,7 @@ def estimate_starts(
         while ends and (ends[0][1] not in running or running[ends[0][1]].attempt != ends[0][2]):
             heapq.heappop(ends)
         if ends and ends[0][0] <= t and not (decisions.preemptions or decisions.resizes):
-            pass
+            again += 1
         elif decisions.preemptions or decisions.resizes:
             t = t + (step_s if step_s > 0 else 1.0)
         elif not ends and arrived == len(later):
@@ -207,6 +209,7 @@ def estimate_starts(
             t = max(t + step_s, math.ceil(nxt / step_s) * step_s) if step_s > 0 else nxt
         if t != decided_at:
             before = decided_at
+            steps += 1
         if t > now + horizon_s:
             break
         while ends and ends[0][0] <= t:

@@ -75,6 +75,18 @@ def test_on_a_coarse_grid_a_start_is_when_its_gpus_came_free_not_the_cycle_that_
     assert estimate_starts(busy, 500.0, Fifo(), step_s=300.0) == {"w": 500.0}
 
 
+def test_jobs_started_back_and_ended_within_one_step_do_not_shorten_the_horizon():
+    # Three 10 s jobs behind r (ends at 100) on a 300 s grid: one step of the clock, then the policy is asked again
+    # at 300 for each job that ended within it. max_steps counts the clock's steps, so two reach all three.
+    snap = snapshot(
+        [node("n0", 0)],
+        [pending(name, 8, at=i + 1.0, runtime=10.0) for i, name in enumerate(("a", "b", "c"))],
+        [running("r", "n0", tuple(range(8)), end=100.0)],
+    )
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=300.0, max_steps=2) == {"a": 100.0, "b": 110.0, "c": 120.0}
+    assert estimate_starts(snap, 0.0, Fifo(), step_s=300.0, max_steps=1) == {}
+
+
 def test_a_job_that_can_never_fit_has_no_estimate():
     snap = snapshot([node("n0", 0)], [pending("huge", 64)], [running("r", "n0", tuple(range(8)), end=100.0)])
     assert estimate_starts(snap, 0.0, Fifo(), step_s=0.0) == {}
