@@ -1,8 +1,9 @@
 """Where the queue-wait estimator's misses come from: the learned run times, or the jobs that arrive later.
 
 One run of ours on the Philly workload, probed as ``fairgang sim`` probes it (every 6 simulated hours, the
-forward simulation on a 15-minute grid for 150 steps, calibrated from the run's own earlier outcomes), four
-times at every probe, each told something else:
+forward simulation on a 15-minute grid for 150 steps, calibrated from the run's own earlier outcomes; until it
+can calibrate, the first variant gets the live API's cold-start interval), five times at every probe, each told
+something else:
 
 - ``learned``: what the live platform knows (learned run times, no arrivals): the estimator as it is;
 - ``learned + last 6 h replayed``: the same, and the jobs submitted in the last 6 h submitted again over the
@@ -153,11 +154,13 @@ def section(files: Sequence[Path], current_core: str) -> list[str]:
         "(a tenant further below its fair share, the fast lane's short jobs). What is left when the whole future is",
         "known does not come from which run times the policy decides on (the last row, a replay of the run itself,",
         "misses by about as much: within a few points either way). It is where the forward simulation departs from",
-        "the run: its 15-minute grid, and what the run does that it does not: the predictor goes on learning from",
-        "the jobs that finish, and running jobs' expected ends are corrected as they overrun. Calibrating from",
-        "earlier outcomes corrects the bias of the estimator as it is, but adds error to a forecast that is already",
-        "close (compare the raw and calibrated columns of the last rows): it learns ratios from a queue that has",
-        "moved on.",
+        "the run. On its 15-minute grid a start is dated back to when the job's GPUs came free, or, for a job held",
+        "back at the step before, to the latest end or arrival since (`simulator/estimate.py`), which is not always",
+        "when the run's 30 s cycles started it; and the run does what the forward simulation does not: its predictor",
+        "goes on learning from the jobs that finish, and running jobs' expected ends are corrected as they overrun.",
+        "Calibrating from earlier outcomes corrects the bias of the estimator as it is, but adds error to a forecast",
+        "that is already close (compare the raw and calibrated columns of the last rows): it learns ratios from a",
+        "queue that has moved on.",
         "",
         "Reproduce: " + "; ".join(f"`{data['command']} --out {path}`" for data, path in runs),
         "",
