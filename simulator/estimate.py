@@ -71,7 +71,13 @@ def estimate_starts(
             the expected ones (a job preempted in the replay is back to expected).
     """
     want = set(targets) if targets is not None else {j.id for j in snapshot.pending}
-    want &= {j.id for j in snapshot.pending}
+    # A job that its GPU type's schedulable nodes could not hold even empty never starts here (their number does
+    # not change): not waited for, else a fleet whose nodes have all gone stale would be simulated to the horizon.
+    room: dict[str, int] = {}
+    for view in snapshot.nodes:
+        if view.schedulable:
+            room[view.gpu_type] = room.get(view.gpu_type, 0) + view.gpu_count
+    want &= {j.id for j in snapshot.pending if room.get(j.gpu_type, 0) >= j.gpu_count}
     views: dict[str, NodeView] = {n.id: n for n in snapshot.nodes}
     order = [n.id for n in snapshot.nodes]
     free: dict[str, set[int]] = {n.id: set(n.free) for n in snapshot.nodes}

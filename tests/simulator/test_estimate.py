@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.types import PendingJob, Snapshot
+from scheduler.core.types import Decisions, PendingJob, Snapshot
 from simulator.compare import EstimatorProbe
 from simulator.engine import SimOptions, simulate
 from simulator.estimate import estimate_intervals, estimate_starts, queue_estimates
@@ -90,6 +90,24 @@ def test_jobs_started_back_and_ended_within_one_step_do_not_shorten_the_horizon(
 def test_a_job_that_can_never_fit_has_no_estimate():
     snap = snapshot([node("n0", 0)], [pending("huge", 64)], [running("r", "n0", tuple(range(8)), end=100.0)])
     assert estimate_starts(snap, 0.0, Fifo(), step_s=0.0) == {}
+
+
+def test_jobs_that_the_schedulable_nodes_cannot_hold_are_not_simulated_to_the_horizon():
+    # Every node stale (e.g. the agents' heartbeats lost): nothing can start, and the policy is asked once, not
+    # at every end of the running jobs up to the horizon. A job that fits still gets its start.
+    calls = []
+
+    def counted(snap: Snapshot, now: float) -> Decisions:
+        calls.append(now)
+        return fifo(snap, now)
+
+    fifo = Fifo()
+    runs = [running(f"r{i}", "n0", (i,), end=100.0 * (i + 1)) for i in range(8)]
+    stale = snapshot([dataclasses.replace(node("n0", 0), schedulable=False)], [pending("w", 8), pending("huge", 64, at=1.0)], runs)
+    assert estimate_starts(stale, 0.0, counted, step_s=0.0) == {} and len(calls) == 1
+    calls.clear()
+    live = snapshot([node("n0", 0)], [pending("w", 8), pending("huge", 64, at=1.0)], runs)
+    assert estimate_starts(live, 0.0, counted, step_s=0.0) == {"w": 800.0} and len(calls) == 9
 
 
 def test_with_exact_runtimes_and_no_later_arrivals_the_estimate_matches_the_run():
