@@ -163,6 +163,7 @@ class _Job:
         "attempt",
         "done_s",
         "epoch",
+        "expect_at",
         "failures",
         "finish",
         "first_start",
@@ -200,6 +201,8 @@ class _Job:
         self.rate = 1.0
         #: Counts starts and resizes: events of an older run of the job are stale.
         self.epoch = 0
+        #: When its live look-again event falls (None: none); an event at another time is stale.
+        self.expect_at: float | None = None
         self.resizes = 0
         self.resize_lost_gpu_s = 0.0
         self.resized_at: float | None = None
@@ -263,6 +266,9 @@ class Engine:
         #: Running elastic jobs below their maximum: cycles go on while there are any (they may grow).
         self.growable: set[int] = set()
         self.running: dict[int, RunningJob] = {}
+        #: ``self.running``'s views as the last snapshot listed them; None once one changed. An unchanged tuple
+        #: (the same object) costs the policy's incremental sync nothing.
+        self.running_tuple: tuple[RunningJob, ...] | None = None
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.next_arrival = 0
@@ -286,6 +292,8 @@ class Engine:
         self.reservations: tuple[Reservation, ...] = ()
         #: Run times learned from the jobs finished so far (with ``learned_runtimes``).
         self.predictor = RuntimePredictor()
+        #: The policy is told learned run times (not the oracle's true ones).
+        self.learning = options.learned_runtimes and not options.oracle_runtime
 
     # ----------------------------------------------------------------- events
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -418,6 +426,7 @@ class Engine:
         """(Re)start the job's run at its current size: its end and its first checkpoint."""
         job = js.job
         js.epoch += 1
+        js.expect_at = None
         js.started_at = now
         js.rate = self._speed(js, js.gpus)
         if js.gpus < js.gmax:
@@ -448,12 +457,25 @@ class Engine:
         self._run(js, now)
 
     def _expect(self, js: _Job, now: float) -> None:
-        """Refresh the job's view for the policy at ``now``; with learned run times, look again when it outlives the prediction."""
-        view = self.running[js.idx] = self._running_view(js, now)
-        if self.opt.learned_runtimes and not self.opt.oracle_runtime:
+        """Refresh the job's view for the policy at ``now``; with learned run times, look again when it outlives the prediction.
+
+        One look-again event per job is live: the one for its latest view's expected end (a view refreshed at a
+        checkpoint with the same end keeps it; an event for an earlier view is stale and skipped when it falls).
+        A view equal to the one listed is kept as it is, so the snapshot's running tuple stays the same object.
+        """
+        view = self._running_view(js, now)
+        if self.running.get(js.idx) != view:
+            self.running[js.idx] = view
+            self.running_tuple = None
+        if self.learning:
             end = js.started_at + self._run_left(js)
             if view.expected_end < end:
-                self._push(max(view.expected_end, now + 1.0), _EXPECT, js.idx, js.epoch)
+                at = max(view.expected_end, now + 1.0)
+                if at != js.expect_at:
+                    js.expect_at = at
+                    self._push(at, _EXPECT, js.idx, js.epoch)
+            else:
+                js.expect_at = None
 
     def with_true_runtimes(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot as the SJF oracle sees it: each waiting job's ``expected_runtime_s`` its true remaining run
@@ -519,6 +541,8 @@ class Engine:
         self.tenant_demand[js.tenant_i][js.type_i] -= js.gpus
         self.type_demand[js.type_i] -= js.gpus
         del self.running[js.idx]
+        self.running_tuple = None
+        js.expect_at = None
         self.growable.discard(js.idx)
         js.members = ()
         js.gpus = 0
@@ -610,13 +634,18 @@ class Engine:
         self.tenant_cache = (now, tuple(out))
         return self.tenant_cache[1]
 
+    def _running_views(self) -> tuple[RunningJob, ...]:
+        if self.running_tuple is None:
+            self.running_tuple = tuple(self.running.values())
+        return self.running_tuple
+
     def snapshot(self, now: float) -> Snapshot:
         return Snapshot(
             nodes=self._node_views(),
             pending=tuple(self.pending.values()),
             topology_levels=self.fleet.topology_levels,
             tenants=self._tenant_views(now),
-            running=tuple(self.running.values()),
+            running=self._running_views(),
             config=self.opt.config,
             reservations=self.reservations,
         )
@@ -827,7 +856,8 @@ class Engine:
                         self._push(nxt, _CKPT, a, b)
             elif kind == _EXPECT:
                 js = jobs[a]
-                if js.state == _RUNNING and js.epoch == b:
+                if js.state == _RUNNING and js.epoch == b and js.expect_at == now:
+                    js.expect_at = None
                     self._expect(js, now)
             elif kind == _SAMPLE:
                 self._sample(now)
