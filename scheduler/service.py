@@ -66,7 +66,8 @@ async def _bounded(calls: Sequence[Coroutine[Any, Any, T]], limit: int = TEMPORA
 
 
 async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, epoch: int, now: float) -> list[Any]:
-    """Commit a cycle's bindings, fenced by the lease epoch, with the pending reasons that changed since ``reader``'s read.
+    """Commit a cycle's bindings, fenced by the lease epoch, with the pending reasons that changed since ``reader``'s read
+    and the run times it predicted for waiting jobs that had none stored for their attempt.
 
     Raises:
         placement.LeaseLost: when ``epoch`` is no longer the lease's.
@@ -91,6 +92,7 @@ async def commit(db: Database, decisions: Decisions, reader: SnapshotReader, *, 
             bindings=rows,
             pending_reasons=changed,
             pending_codes={job_id: decisions.pending_codes[job_id].value for job_id in changed},
+            predictions=reader.new_predictions,
             lease_name=LEASE_NAME,
             epoch=epoch,
             now=now,

@@ -9,8 +9,11 @@ previous read, so the core's diff (``Scheduler.run_cycle``) costs what changed.
 
 Learned run times (``scheduler.runtimes``): every waiting job gets ``expected_runtime_s`` and every running
 job ``expected_end = started_at + predict(keys, max runtime, elapsed)`` (never past its max runtime), from
-the reader's predictor. A prediction is kept until the predictor learns a new run of the job's tenant or, for a running
-job, until the job outlives it (the correction steps it up), so unchanged jobs keep their views.
+the reader's predictor. A waiting job's prediction is made once per attempt, when it is first seen waiting, and stored
+with the job by the cycle's commit (``new_predictions``): the attempt keeps it while it waits, so its place in the
+queue does not move each time its tenant's runs teach the predictor something, and a restarted service reads it back.
+A running job's prediction is kept until the predictor learns a new run of the job's tenant or the job outlives
+it (the correction steps it up), so unchanged jobs keep their views.
 
 A fresh reader gives the same snapshot as a long-lived one (tests/scheduler/test_snapshot_incremental.py
 drives both through the same changes, with usage integrated from every allocation row as the reference).
@@ -72,8 +75,12 @@ class SnapshotReader:
     def __init__(self, *, runtimes: LearnedRuntimes | None = None) -> None:
         #: The learned run times (kept up to date from the store at each read, at most every ``refresh_s``).
         self.runtimes = runtimes or LearnedRuntimes()
-        #: Job id -> (its tenant's count of observed runs, expected run time) of a waiting job.
-        self._expected: dict[str, tuple[int, float]] = {}
+        #: Job id -> (its tenant's count of observed runs, its attempt, expected run time) of a waiting job whose
+        #: attempt has no prediction stored yet.
+        self._expected: dict[str, tuple[int, int, float]] = {}
+        #: Job id -> (attempt, predicted run time) made at the last read for waiting jobs that have none stored for
+        #: that attempt: the placement service stores them with the cycle's commit, and the attempt keeps it.
+        self.new_predictions: dict[str, tuple[int, float]] = {}
         #: Allocation id -> (its tenant's count of observed runs, its limit's end, expected end) of a running job; recomputed once
         #: outlived, or when its start moves (a bound job starts running).
         self._ends: dict[str, tuple[int, float, float]] = {}
@@ -199,15 +206,22 @@ class SnapshotReader:
         versions = self.runtimes.tenant_versions
         old_expected = self._expected
         self._expected = {}
+        new_predictions: dict[str, tuple[int, float]] = {}
         for row in rows.queued:
-            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code, gpu_max = row
-            known = old_expected.get(job_id)
-            version = versions.get(tenant, 0)
-            if known is None or known[0] != version:
-                facts = self._facts[job_id]
-                known = (version, predictor.predict(runtime_keys(tenant, facts.name), facts.max_runtime_s))
-            self._expected[job_id] = known
-            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, gpu_max, known[1])
+            job_id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, reason, code, gpu_max, kept_for, kept = row
+            if kept_for == attempt and kept is not None:
+                expected = float(kept)
+            else:
+                # Not stored yet: the predictor's, until the commit stores it for the attempt.
+                known = old_expected.get(job_id)
+                version = versions.get(tenant, 0)
+                if known is None or known[0] != version or known[1] != attempt:
+                    facts = self._facts[job_id]
+                    known = (version, attempt, predictor.predict(runtime_keys(tenant, facts.name), facts.max_runtime_s))
+                self._expected[job_id] = known
+                expected = known[2]
+                new_predictions[job_id] = (attempt, expected)
+            key = (tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, gpu_max, expected)
             previous = old.get(job_id)
             if previous is not None and previous[0] == key:
                 view = previous[1]
@@ -224,7 +238,7 @@ class SnapshotReader:
                     topology_level=facts.topology_level,
                     topology_required=facts.topology_required,
                     max_runtime_s=facts.max_runtime_s,
-                    expected_runtime_s=known[1],
+                    expected_runtime_s=expected,
                     preemptible=facts.preemptible,
                     submitted_at=created_at,
                     gpu_max=gpu_max,
@@ -235,6 +249,7 @@ class SnapshotReader:
             views.append(view)
         self.pending_reasons = reasons
         self.pending_codes = codes
+        self.new_predictions = new_predictions
         return tuple(views)
 
     def _running_views(self, rows: rows_of.Rows, now: float) -> tuple[RunningJob, ...]:

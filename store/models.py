@@ -108,6 +108,11 @@ class Job(SQLModel, table=True):
     exit_code: int | None = None
     latest_checkpoint: str | None = Field(default=None, max_length=1024)
     latest_checkpoint_at: float | None = None
+    #: The run time predicted for attempt ``predicted_attempt`` when the placement service first saw it waiting
+    #: (scheduler/snapshot.py): kept while that attempt waits, so its place in the queue does not move each time
+    #: its tenant's runs teach the predictor something new. None: not predicted yet for any attempt.
+    predicted_runtime_s: float | None = None
+    predicted_attempt: int | None = None
     workflow_started: bool = False
     created_at: float
     updated_at: float

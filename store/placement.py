@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import BindParameter
 from sqlmodel import col
 
 from fairgang.members import PlacedMember
@@ -77,6 +78,7 @@ async def commit_bindings(
     bindings: Sequence[BindingRow],
     pending_reasons: dict[str, str],
     pending_codes: dict[str, str] | None = None,
+    predictions: dict[str, tuple[int, float]] | None = None,
     lease_name: str,
     epoch: int,
     now: float | None = None,
@@ -88,7 +90,8 @@ async def commit_bindings(
     is skipped through a savepoint and the rest commit. Each binding's GPUs start counting in the
     usage ledgers (store/usage.py) in the same transaction. ``pending_reasons`` are written in one
     statement to the jobs still queued, each with its code from ``pending_codes`` (none: no code):
-    pass only those that changed.
+    pass only those that changed. ``predictions`` (job id -> (attempt, predicted run time)) are kept with the jobs
+    still queued at that attempt that have none for it yet (the first one written stays).
 
     Raises:
         LeaseLost: when ``epoch`` is no longer the lease's epoch.
@@ -158,6 +161,20 @@ async def commit_bindings(
                     {"job": job_id, "reason": reason, "code": (pending_codes or {}).get(job_id)}
                     for job_id, reason in sorted(pending_reasons.items())
                 ],
+            )
+        if predictions:
+            table = Job.__table__  # type: ignore[attr-defined]
+            at: BindParameter[int] = bindparam("at")
+            await session.execute(
+                update(table)
+                .where(
+                    table.c.id == bindparam("job"),
+                    table.c.attempt == at,
+                    table.c.state == JobState.QUEUED.value,
+                    or_(table.c.predicted_attempt.is_(None), table.c.predicted_attempt != at),
+                )
+                .values(predicted_attempt=at, predicted_runtime_s=bindparam("runtime")),
+                [{"job": job_id, "at": attempt, "runtime": runtime} for job_id, (attempt, runtime) in sorted(predictions.items())],
             )
     return committed
 

@@ -33,8 +33,8 @@ class Rows:
     gpu_rows: Sequence[Any]
     #: (node id, index) of the GPUs out of service.
     unhealthy: Sequence[Any]
-    #: (id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, pending_reason, pending_code)
-    #: by (queued_at, id).
+    #: (id, tenant, attempt, gpu_type, gpu_count, priority, queued_at, created_at, pending_reason, pending_code, gpu_max,
+    #: predicted_attempt, predicted_runtime_s) by (queued_at, id).
     queued: Sequence[Any]
     #: (allocation id, job id, allocation attempt, created_at, tenant, gpu_type, priority, job attempt, started_at,
     #: latest_checkpoint_at) of the live (bound or acknowledged) allocations, by allocation id.
@@ -68,6 +68,8 @@ QUEUED_COLUMNS = (
     col(Job.pending_reason),
     col(Job.pending_code),
     col(Job.gpu_max),
+    col(Job.predicted_attempt),
+    col(Job.predicted_runtime_s),
 )
 LIVE_COLUMNS = (
     col(Allocation.id),

@@ -109,15 +109,12 @@ class _Signals:
         return None
 
 
-async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Database) -> None:
-    await _history(seeded)
-    await _running(seeded, "alpha", "train", T0, "h1")
-    await _running(seeded, "alpha", "other", T0, "h2")
-    waiting = await _queued(seeded, "alpha", "train", T0 + 1, gpu_count=8)
-    # Workflows are started by the API: mark them so, the reconciler has nothing to start.
-    async with seeded.transaction() as session:
-        await session.execute(update(Job).values(workflow_started=True))
-    service = PlacementService(Settings(database_url=seeded.url), seeded, _Signals(), holder="test")  # type: ignore[arg-type]
+def _service(db: Database) -> PlacementService:
+    return PlacementService(Settings(database_url=db.url), db, _Signals(), holder="test")  # type: ignore[arg-type]
+
+
+async def _cycle(service: PlacementService, now: float) -> Snapshot:
+    """One cycle of ``service`` as leader; the snapshot it decided on."""
     seen: list[Snapshot] = []
     decide = service.scheduler.run_cycle
 
@@ -126,9 +123,49 @@ async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Da
         return decide(snapshot, now)
 
     service.scheduler.run_cycle = spy  # type: ignore[method-assign]
-    report = await service.cycle(now=T0 + 10)
-    assert report.leader
+    assert (await service.cycle(now=now)).leader
     (snap,) = seen
+    return snap
+
+
+async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Database) -> None:
+    await _history(seeded)
+    await _running(seeded, "alpha", "train", T0, "h1")
+    await _running(seeded, "alpha", "other", T0, "h2")
+    waiting = await _queued(seeded, "alpha", "train", T0 + 1, gpu_count=8)
+    # Workflows are started by the API: mark them so, the reconciler has nothing to start.
+    async with seeded.transaction() as session:
+        await session.execute(update(Job).values(workflow_started=True))
+    snap = await _cycle(_service(seeded), T0 + 10)
     assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
     # "other" has a single run of its own (1000 s): its name's mean.
     assert sorted(r.expected_end - r.started_at for r in snap.running) == [400.0, 1000.0]
+
+
+async def test_a_waiting_attempt_keeps_the_run_time_predicted_when_it_was_first_seen(seeded: Database) -> None:
+    await _history(seeded)
+    await _running(seeded, "alpha", "train", T0, "h1")
+    await _running(seeded, "alpha", "other", T0, "h2")
+    waiting = await _queued(seeded, "alpha", "train", T0 + 1, gpu_count=8)
+    async with seeded.transaction() as session:
+        await session.execute(update(Job).values(workflow_started=True))
+    placement_service = _service(seeded)
+    snap = await _cycle(placement_service, T0 + 10)
+    assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
+    stored = await jobs.get_job(seeded, waiting)
+    assert stored is not None and (stored.predicted_attempt, stored.predicted_runtime_s) == (1, 400.0)
+    # "train" runs 2,000 s: the predictor now says 1,250 s (500 and 2,000). The running "train" job is told so; the
+    # waiting attempt keeps what it was told, in this service and in a restarted one.
+    await _succeeded(seeded, "alpha", "train", 2000.0, T0 + 20)
+    snap = await _cycle(placement_service, T0 + 100)
+    assert sorted(r.expected_end - r.started_at for r in snap.running) == [1000.0, 1250.0]
+    assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
+    snap = await _cycle(_service(seeded), T0 + 200)
+    assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
+    # A new attempt is predicted afresh, and keeps that.
+    async with seeded.transaction() as session:
+        await session.execute(update(Job).where(Job.id == waiting).values(attempt=2))  # type: ignore[arg-type]
+    snap = await _cycle(placement_service, T0 + 300)
+    assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 1250.0}
+    stored = await jobs.get_job(seeded, waiting)
+    assert stored is not None and (stored.predicted_attempt, stored.predicted_runtime_s) == (2, 1250.0)

@@ -107,7 +107,10 @@ async def _from_scratch(db: Database, *, now: float, stale_after_s: float, confi
                 topology_level=topology.get("level", "any"),
                 topology_required=topology.get("mode", "required") == "required",
                 max_runtime_s=float(job.spec.get("max_runtime") or 3600.0),
-                expected_runtime_s=predictor.predict(((job.tenant, job.name), (job.tenant,)), float(job.spec["max_runtime"])),
+                # The attempt's stored prediction; until one is stored, the predictor's.
+                expected_runtime_s=job.predicted_runtime_s
+                if job.predicted_attempt == job.attempt and job.predicted_runtime_s is not None
+                else predictor.predict(((job.tenant, job.name), (job.tenant,)), float(job.spec["max_runtime"])),
                 preemptible=bool(job.spec.get("preemptible", True)),
                 submitted_at=job.created_at,
                 gpu_max=job.gpu_max,
