@@ -294,6 +294,12 @@ class Engine:
         self.predictor = RuntimePredictor()
         #: The policy is told learned run times (not the oracle's true ones).
         self.learning = options.learned_runtimes and not options.oracle_runtime
+        #: Running jobs by their most specific predictor key; each tenant's keys that ran; the keys the predictor has
+        #: runs of; the keys whose running jobs' predictions a finished run changed since the last snapshot.
+        self.running_by_key: dict[Key, set[int]] = {}
+        self.tenant_keys: dict[str, set[Key]] = {}
+        self.learned_keys: set[Key] = set()
+        self.relearned: set[Key] = set()
 
     # ----------------------------------------------------------------- events
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -454,6 +460,9 @@ class Engine:
         js.overhead_s = self.opt.restart_overhead_s if js.attempt > 1 else 0.0
         self._take(js, members)
         self._account(js, now, js.gpus, 1)
+        if self.learning:
+            self.running_by_key.setdefault(js.keys[0], set()).add(js.idx)
+            self.tenant_keys.setdefault(js.job.tenant, set()).add(js.keys[0])
         self._run(js, now)
 
     def _expect(self, js: _Job, now: float) -> None:
@@ -476,6 +485,26 @@ class Engine:
                     self._push(at, _EXPECT, js.idx, js.epoch)
             else:
                 js.expect_at = None
+
+    def _relearned(self, finished: _Job) -> None:
+        """The predictor learned ``finished``'s run: the running jobs whose prediction that can change are brought up to
+        date at the next snapshot, as the placement service's reader recomputes a tenant's running jobs when its runs
+        change. They are the jobs of its most specific key, and its tenant's jobs whose most specific key has no runs
+        yet (they fall back to the tenant's key). A waiting job keeps the prediction it got when queued, as the service
+        keeps the one it stored for the attempt."""
+        first = finished.keys[0]
+        self.relearned.add(first)
+        for key in self.tenant_keys.get(finished.job.tenant, ()):
+            if key not in self.learned_keys:
+                self.relearned.add(key)
+        self.learned_keys.add(first)
+
+    def _refresh_relearned(self, now: float) -> None:
+        jobs = self.jobs
+        for key in sorted(self.relearned):
+            for i in sorted(self.running_by_key.get(key, ())):
+                self._expect(jobs[i], now)
+        self.relearned.clear()
 
     def with_true_runtimes(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot as the SJF oracle sees it: each waiting job's ``expected_runtime_s`` its true remaining run
@@ -542,6 +571,8 @@ class Engine:
         self.type_demand[js.type_i] -= js.gpus
         del self.running[js.idx]
         self.running_tuple = None
+        if self.learning:
+            self.running_by_key[js.keys[0]].discard(js.idx)
         js.expect_at = None
         self.growable.discard(js.idx)
         js.members = ()
@@ -594,6 +625,8 @@ class Engine:
         self._release(js, now)
         if self.opt.learned_runtimes:
             self.predictor.observe(js.keys, js.job.duration_s, js.job.max_runtime_s)
+            if self.learning:
+                self._relearned(js)
         js.state = _DONE
         js.finish = now
         self.done += 1
@@ -640,6 +673,8 @@ class Engine:
         return self.running_tuple
 
     def snapshot(self, now: float) -> Snapshot:
+        if self.relearned:
+            self._refresh_relearned(now)
         return Snapshot(
             nodes=self._node_views(),
             pending=tuple(self.pending.values()),

@@ -66,6 +66,25 @@ def test_a_running_job_that_outlives_its_prediction_is_expected_to_run_longer_ne
     assert all(end >= now for now, end in seen.ends["long"])
 
 
+def test_a_running_job_is_told_what_the_predictor_learns_and_a_waiting_one_keeps_its_queued_prediction():
+    # As the placement service does: "long" (4 GPUs, no checkpoints) starts told its limit; r1 and r2 (same tenant and
+    # size) then finish in 600 s each, one after the other, and its expected end follows (600 s learned, outlived: 2,400 s
+    # once it is 1,200 s in). "wait" (8 GPUs, queued before anything was learned) keeps its limit while it waits.
+    wl = workload(
+        job("other", 0, 8, 3000, tenant="b", limit=4000),  # holds one node: "wait" waits
+        job("long", 0, 4, 3000, limit=4000),
+        job("r1", 0, 4, 600, limit=4000),
+        job("wait", 10, 8, 1000, limit=4000),
+        job("r2", 600, 4, 600, limit=4000),
+    )
+    seen = Seen()
+    simulate(wl, fleet_of(2), run_cycle, options=LEARNED, hook=seen)
+    assert seen.ends["long"][0][1] == pytest.approx(4000.0)  # nothing learned yet: its limit
+    after = [end for now, end in seen.ends["long"] if 1200 <= now < 2400]
+    assert after and after == pytest.approx([2400.0] * len(after)), seen.ends["long"]
+    assert {e for _, e in seen.pending["wait"]} == {4000.0}
+
+
 def test_a_checkpoint_that_refreshes_a_running_jobs_prediction_never_leaves_its_expected_end_in_the_past():
     # "long" starts with nothing learned (its limit); r1 and r2 (same tenant and size) then finish in 600 s. At
     # its checkpoint at 1,000 s its prediction is refreshed from them (600 s, outlived: 1,200 s), and it must be
