@@ -214,3 +214,30 @@ async def test_a_resized_allocations_checkpoint_reports_are_newer_than_the_ones_
     assert await jobs.report_checkpoint(seeded, node_id="h1", allocation_id=new.id, path="/ckpt/s-6", seq=1)
     assert not await jobs.report_checkpoint(seeded, node_id="h1", allocation_id=alloc.id, path="/ckpt/s-5-late", seq=5)
     assert await jobs.latest_checkpoint(seeded, job.id) == "/ckpt/s-6"
+
+
+async def test_a_predicted_run_time_is_kept_once_per_waiting_attempt(seeded: Database) -> None:
+    """The first prediction written for a queued attempt stays; one for an attempt the job is not at, or for a job no
+    longer queued, is not written."""
+    waiting = await queued_job(seeded, "waiting")
+    placed = await queued_job(seeded, "placed")
+    epoch = await placement.acquire_lease(seeded, name="placement", holder="me", ttl_s=30)
+    assert epoch is not None
+    await bind(seeded, placed.id, [PlacedMember(node_id="h1", gpu_indices=[0], rank=0)], epoch)
+
+    async def predict(predictions: dict[str, tuple[int, float]]) -> None:
+        await placement.commit_bindings(
+            seeded, bindings=[], pending_reasons={}, predictions=predictions, lease_name="placement", epoch=epoch
+        )
+
+    async def kept(job_id: str) -> tuple[int | None, float | None]:
+        job = await jobs.get_job(seeded, job_id)
+        assert job is not None
+        return job.predicted_attempt, job.predicted_runtime_s
+
+    await predict({waiting.id: (2, 50.0), placed.id: (1, 60.0)})
+    assert await kept(waiting.id) == (None, None)  # the job is at attempt 1
+    assert await kept(placed.id) == (None, None)  # no longer queued
+    await predict({waiting.id: (1, 100.0)})
+    await predict({waiting.id: (1, 200.0)})
+    assert await kept(waiting.id) == (1, 100.0)
