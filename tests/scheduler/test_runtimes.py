@@ -128,14 +128,20 @@ async def _cycle(service: PlacementService, now: float) -> Snapshot:
     return snap
 
 
-async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Database) -> None:
-    await _history(seeded)
-    await _running(seeded, "alpha", "train", T0, "h1")
-    await _running(seeded, "alpha", "other", T0, "h2")
-    waiting = await _queued(seeded, "alpha", "train", T0 + 1, gpu_count=8)
+async def _one_waiting_behind_two_running(db: Database) -> str:
+    """alpha's "train" and "other" hold both H100 nodes; an 8-GPU "train" waits (its id)."""
+    await _history(db)
+    await _running(db, "alpha", "train", T0, "h1")
+    await _running(db, "alpha", "other", T0, "h2")
+    waiting = await _queued(db, "alpha", "train", T0 + 1, gpu_count=8)
     # Workflows are started by the API: mark them so, the reconciler has nothing to start.
-    async with seeded.transaction() as session:
+    async with db.transaction() as session:
         await session.execute(update(Job).values(workflow_started=True))
+    return waiting
+
+
+async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Database) -> None:
+    waiting = await _one_waiting_behind_two_running(seeded)
     snap = await _cycle(_service(seeded), T0 + 10)
     assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
     # "other" has a single run of its own (1000 s): its name's mean.
@@ -143,12 +149,7 @@ async def test_the_placement_service_decides_on_the_learned_run_times(seeded: Da
 
 
 async def test_a_waiting_attempt_keeps_the_run_time_predicted_when_it_was_first_seen(seeded: Database) -> None:
-    await _history(seeded)
-    await _running(seeded, "alpha", "train", T0, "h1")
-    await _running(seeded, "alpha", "other", T0, "h2")
-    waiting = await _queued(seeded, "alpha", "train", T0 + 1, gpu_count=8)
-    async with seeded.transaction() as session:
-        await session.execute(update(Job).values(workflow_started=True))
+    waiting = await _one_waiting_behind_two_running(seeded)
     placement_service = _service(seeded)
     snap = await _cycle(placement_service, T0 + 10)
     assert {j.id: j.expected_runtime_s for j in snap.pending} == {waiting: 400.0}
