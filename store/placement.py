@@ -150,9 +150,10 @@ async def commit_bindings(
                 committed.append(alloc)
             except (_SkipBinding, IntegrityError):
                 continue
+        # Each in one statement for all the jobs it names, to the jobs still queued.
+        table = Job.__table__  # type: ignore[attr-defined]
         if pending_reasons:
-            # One statement for all of them; the caller passes only the reasons that changed.
-            table = Job.__table__  # type: ignore[attr-defined]
+            # The caller passes only the reasons that changed.
             await session.execute(
                 update(table)
                 .where(table.c.id == bindparam("job"), table.c.state == JobState.QUEUED.value)
@@ -163,7 +164,6 @@ async def commit_bindings(
                 ],
             )
         if predictions:
-            table = Job.__table__  # type: ignore[attr-defined]
             at: BindParameter[int] = bindparam("at")
             await session.execute(
                 update(table)
