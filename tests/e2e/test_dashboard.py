@@ -327,6 +327,8 @@ def test_the_jobs_list_matches_the_api_with_filters_search_and_paging(dash: Plat
         first = http.get("/v1/jobs", params={"limit": 10})
         second = http.get("/v1/jobs", params={"limit": 10, "cursor": first.headers["X-Next-Cursor"]}).json()
     expect(page.locator("#jobs-page")).to_have_text("page 1")
+    # "page 1" was shown under the previous filter already: wait for this list's rows.
+    expect(page.locator("#jobs-list")).to_have_attribute("data-rows", str(len(first.json())))
     assert shown_ids() == [j["id"] for j in first.json()]
     page.locator("#jobs-next").click()
     expect(page.locator("#jobs-page")).to_have_text("page 2")
@@ -335,6 +337,7 @@ def test_the_jobs_list_matches_the_api_with_filters_search_and_paging(dash: Plat
     page.screenshot(path=artefacts / "jobs-page-2.png", full_page=True)
     page.locator("#jobs-prev").click()
     expect(page.locator("#jobs-page")).to_have_text("page 1")
+    expect(page.locator("#jobs-list")).to_have_attribute("data-rows", str(len(first.json())))
     assert shown_ids() == [j["id"] for j in first.json()]
     page.close()
 
