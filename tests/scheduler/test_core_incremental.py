@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import Decisions, PendingJob, RunningJob, Scheduler, Snapshot, TenantView, run_cycle
-from tests.scheduler.test_core_builders import H, job, node
+from tests.scheduler.test_core_builders import H, job, leaf_nodes, node, running, snap, tenant
 from tests.scheduler.test_core_properties import TENANTS, TYPES, check_invariants, worlds
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -161,3 +161,30 @@ def test_a_cycle_that_raises_leaves_a_scheduler_that_rebuilds(monkeypatch) -> No
     before = scheduler.rebuilt
     assert scheduler.run_cycle(snapshot, 0.0) == expected
     assert scheduler.rebuilt == before + 1
+
+
+def test_a_new_checkpoint_alone_reaches_the_victims_a_long_lived_scheduler_weighs() -> None:
+    """Between two cycles only a running job's checkpoint changes (the most common new view): the long-lived
+    scheduler weighs a reclaim's victims by the new checkpoint, as a fresh cycle does."""
+    cohort = [tenant("a", cohort="c", nominal=8), tenant("b", cohort="c", nominal=8)]
+    now = 10 * H
+    jobs = [
+        running(f"a-{i}", {f"l1-n{i}": tuple(range(8))}, tenant="a", started_at=now - 3 * H, end=now + 5 * H, checkpoint=now - (i + 1) * H)
+        for i in range(2)
+    ]
+    nodes = tuple(leaf_nodes("l1", 2))
+    scheduler = Scheduler()
+    # A job of a's waits (a has no nominal left to reclaim): the cycle walks the queue, and the workspace's
+    # running jobs and victims are as it built them.
+    waiting = job("a9", 1, tenant="a", queued_at=now)
+    first = snap(list(nodes), [waiting], running_jobs=jobs, tenants=cohort)
+    assert scheduler.run_cycle(first, now) == run_cycle(first, now)
+    # a-1 (borrowed, 2 h of work at risk) checkpoints; b's job arrives and takes its nominal back.
+    later = now + 60.0
+    renewed = (jobs[0], replace(jobs[1], last_checkpoint_at=later - 30.0))
+    second = replace(first, running=renewed, pending=(waiting, job("b0", 8, tenant="b", queued_at=later)))
+    reused = scheduler.reused
+    decisions = scheduler.run_cycle(second, later)
+    assert scheduler.reused == reused + 1
+    assert decisions == run_cycle(second, later)
+    assert [p.job_id for p in decisions.preemptions] == ["a-1"]
