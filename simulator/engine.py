@@ -225,6 +225,17 @@ class _Job:
         self.failures = 0
 
 
+def _renewed(view: RunningJob, expected_end: float, last_checkpoint_at: float | None) -> RunningJob:
+    """``dataclasses.replace(view, expected_end=..., last_checkpoint_at=...)`` at a fraction of its cost (the engine
+    renews millions of views in a long run): a copy of the frozen view's fields with those two replaced."""
+    renewed = object.__new__(RunningJob)
+    fields = renewed.__dict__
+    fields.update(view.__dict__)
+    fields["expected_end"] = expected_end
+    fields["last_checkpoint_at"] = last_checkpoint_at
+    return renewed
+
+
 class Engine:
     """One simulation run; use :func:`simulate`."""
 
@@ -465,17 +476,29 @@ class Engine:
             self.tenant_keys.setdefault(js.job.tenant, set()).add(js.keys[0])
         self._run(js, now)
 
-    def _expect(self, js: _Job, now: float) -> None:
+    def _expect(self, js: _Job, now: float, *, renew: bool = False) -> None:
         """Refresh the job's view for the policy at ``now``; with learned run times, look again when it outlives the prediction.
 
         One look-again event per job is live: the one for its latest view's expected end (a view refreshed at a
         checkpoint with the same end keeps it; an event for an earlier view is stale and skipped when it falls).
         A view equal to the one listed is kept as it is, so the snapshot's running tuple stays the same object.
+        ``renew``: the job has not restarted or changed size since its view was made (a checkpoint, a look again), so
+        only its expected end and checkpoint can differ: the view is the listed one with those two fields replaced.
         """
-        view = self._running_view(js, now)
-        if self.running.get(js.idx) != view:
-            self.running[js.idx] = view
-            self.running_tuple = None
+        old = self.running.get(js.idx)
+        if renew and old is not None:
+            end = js.started_at + self._expected_s(js, now)
+            if end == old.expected_end and js.last_ckpt == old.last_checkpoint_at:
+                view = old
+            else:
+                view = _renewed(old, end, js.last_ckpt)
+                self.running[js.idx] = view
+                self.running_tuple = None
+        else:
+            view = self._running_view(js, now)
+            if old != view:
+                self.running[js.idx] = view
+                self.running_tuple = None
         if self.learning:
             end = js.started_at + self._run_left(js)
             if view.expected_end < end:
@@ -503,7 +526,7 @@ class Engine:
         jobs = self.jobs
         for key in sorted(self.relearned):
             for i in sorted(self.running_by_key.get(key, ())):
-                self._expect(jobs[i], now)
+                self._expect(jobs[i], now, renew=True)
         self.relearned.clear()
 
     def with_true_runtimes(self, snapshot: Snapshot) -> Snapshot:
@@ -530,20 +553,23 @@ class Engine:
             runtimes[job.id] = self._fresh_runtime(self.jobs[self.job_index[job.id]])
         return ends, runtimes
 
-    def _running_view(self, js: _Job, now: float) -> RunningJob:
+    def _expected_s(self, js: _Job, now: float) -> float:
+        """How long after its (re)start the job is expected to end, as the policy is told at ``now``."""
         job = js.job
-        last_ckpt = js.last_ckpt
-        remaining = self._run_left(js)
         if self.opt.oracle_runtime:
-            expected = remaining
-        elif self.opt.learned_runtimes:
+            return self._run_left(js)
+        if self.opt.learned_runtimes:
             # The work done by now (at full speed), the predicted total, corrected once outlived.
             worked = js.done_s + max(0.0, now - js.started_at - js.overhead_s) * js.rate
             predicted = self.predictor.predict(js.keys, job.max_runtime_s, worked)
             expected = min(job.max_runtime_s, js.overhead_s + max(0.0, predicted - js.done_s) / js.rate)
-            expected = max(expected, now - js.started_at)
-        else:
-            expected = max(job.max_runtime_s, remaining)
+            return max(expected, now - js.started_at)
+        return max(job.max_runtime_s, self._run_left(js))
+
+    def _running_view(self, js: _Job, now: float) -> RunningJob:
+        job = js.job
+        last_ckpt = js.last_ckpt
+        expected = self._expected_s(js, now)
         elastic = js.gmax > js.gmin
         return RunningJob(
             id=job.id,
@@ -884,7 +910,7 @@ class Engine:
                     js.last_ckpt = now
                     # Through _expect: a fresh view's expected end comes from the predictor as it is now, and
                     # must be looked at again once the job outlives it (else it would lapse into the past).
-                    self._expect(js, now)
+                    self._expect(js, now, renew=True)
                     nxt = now + js.job.checkpoint_interval_s
                     end = js.started_at + self._run_left(js)
                     if nxt < end:
@@ -893,7 +919,7 @@ class Engine:
                 js = jobs[a]
                 if js.state == _RUNNING and js.epoch == b and js.expect_at == now:
                     js.expect_at = None
-                    self._expect(js, now)
+                    self._expect(js, now, renew=True)
             elif kind == _SAMPLE:
                 self._sample(now)
                 self._push(now + sample_s, _SAMPLE, 0)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from scheduler.core import run_cycle
-from scheduler.core.types import Snapshot
+from scheduler.core.types import RunningJob, Snapshot
 from simulator.engine import SimOptions, simulate
 from tests.simulator.helpers import fleet_of, job, workload
 
@@ -100,3 +102,29 @@ def test_a_checkpoint_that_refreshes_a_running_jobs_prediction_never_leaves_its_
     ends = seen.ends["long"]
     assert any(end < 4000 for _, end in ends), "the checkpoint brought the learned run time in"
     assert all(end >= now for now, end in ends), [(now, end) for now, end in ends if end < now][:3]
+
+
+def test_a_running_jobs_view_carries_its_latest_checkpoint_and_its_learned_end_at_every_cycle():
+    # "long" checkpoints every 500 s; "other" (a two-node gang) waits while it runs, so cycles come every minute.
+    # r1 and r2 teach 600 s for long's key: its view is renewed at checkpoints and look-agains, never rebuilt.
+    wl = workload(
+        job("long", 0, 4, 3000, limit=4000, ckpt=500),
+        job("r1", 0, 4, 600, limit=4000),
+        job("r2", 600, 4, 600, limit=4000),
+        job("other", 700, 16, 1000, tenant="b", limit=4000),
+    )
+    views: list[tuple[float, RunningJob]] = []
+    simulate(
+        wl,
+        fleet_of(2),
+        run_cycle,
+        options=LEARNED,
+        hook=lambda snap, now, _: views.extend((now, r) for r in snap.running if r.id == "long"),
+    )
+    assert len(views) > 20
+    for now, view in views:
+        latest = math.floor(now / 500) * 500
+        assert view.last_checkpoint_at == (latest if latest > 0 else None), (now, view)
+        assert (view.started_at, view.gpu_count, view.attempt, len(view.members)) == (0.0, 4, 1, 1)
+        assert now <= view.expected_end <= 4000
+    assert {view.expected_end for _, view in views} > {4000.0}, "the learned run time reached its view"
