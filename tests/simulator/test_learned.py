@@ -104,7 +104,7 @@ def test_a_checkpoint_that_refreshes_a_running_jobs_prediction_never_leaves_its_
     assert all(end >= now for now, end in ends), [(now, end) for now, end in ends if end < now][:3]
 
 
-def test_a_running_jobs_view_carries_its_latest_checkpoint_and_its_learned_end_at_every_cycle():
+def test_a_running_jobs_view_carries_its_latest_checkpoint_and_its_learned_end_at_every_cycle() -> None:
     # "long" checkpoints every 500 s; "other" (a two-node gang) waits while it runs, so cycles come every minute.
     # r1 and r2 teach 600 s for long's key: its view is renewed at checkpoints and look-agains, never rebuilt.
     wl = workload(
