@@ -487,18 +487,16 @@ class Engine:
         """
         old = self.running.get(js.idx)
         if renew and old is not None:
-            end = js.started_at + self._expected_s(js, now)
-            if end == old.expected_end and js.last_ckpt == old.last_checkpoint_at:
-                view = old
-            else:
-                view = _renewed(old, end, js.last_ckpt)
-                self.running[js.idx] = view
-                self.running_tuple = None
+            expected_end = js.started_at + self._expected_s(js, now)
+            unchanged = expected_end == old.expected_end and js.last_ckpt == old.last_checkpoint_at
+            view = old if unchanged else _renewed(old, expected_end, js.last_ckpt)
         else:
             view = self._running_view(js, now)
-            if old != view:
-                self.running[js.idx] = view
-                self.running_tuple = None
+            if view == old:
+                view = old
+        if view is not old:
+            self.running[js.idx] = view
+            self.running_tuple = None
         if self.learning:
             end = js.started_at + self._run_left(js)
             if view.expected_end < end:
@@ -568,7 +566,6 @@ class Engine:
 
     def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job
-        last_ckpt = js.last_ckpt
         expected = self._expected_s(js, now)
         elastic = js.gmax > js.gmin
         return RunningJob(
@@ -581,7 +578,7 @@ class Engine:
             members=js.members,
             started_at=js.started_at,
             expected_end=js.started_at + expected,
-            last_checkpoint_at=last_ckpt,
+            last_checkpoint_at=js.last_ckpt,
             preemptible=job.preemptible,
             gpu_min=js.gmin if elastic else None,
             gpu_max=js.gmax if elastic else None,
