@@ -41,9 +41,13 @@ def first_lease_until(launched_at: float, now: float, activity_age_s: float, lea
     return min(launched_at, now - max(0.0, activity_age_s)) + lease_s
 
 
-def renewed_lease_until(lease_until: float, asked_at: float, lease_s: float) -> float | None:
-    """A heartbeat sent at ``asked_at`` answered holding the allocation: the member's new lease end, or None
-    when it does not extend the lease it holds."""
+def renewed_lease_until(lease_until: float, asked_at: float, lease_s: float, now: float) -> float | None:
+    """A heartbeat sent at ``asked_at`` answered holding the allocation, read at ``now``: the member's new lease
+    end, or None when it does not extend the lease it holds. A lease that ran out before the answer came is
+    never renewed: the member's shim stopped it at that end (the agent fences it), so its non-zero exit is the
+    fencing's, not the job's."""
+    if lease_expired(lease_until, now):
+        return None
     until = asked_at + lease_s
     return until if until > lease_until else None
 

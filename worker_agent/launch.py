@@ -482,7 +482,8 @@ class LaunchActivities:
                     continue  # stopped (it may have exited of the SIGTERM already): "terminated", above
                 code = exited.result()
                 await self._report_checkpoint(inp, ckpt, reported)
-                if ended_fenced(inp.allocation_id in self.fenced, -9 if code is None else code, member.lease_until, lease_clock()):
+                fenced = inp.allocation_id in self.fenced or self.shim_fenced(member)
+                if ended_fenced(fenced, -9 if code is None else code, member.lease_until, lease_clock()):
                     raise ApplicationError(
                         "the agent fenced this member (its allocation is no longer held, or its lease ran out)",
                         type=MEMBER_FENCED,
@@ -544,15 +545,35 @@ class LaunchActivities:
             tmp.write_text(f"{member.lease_until:.6f}\n")
             tmp.replace(files[0])
 
-    def exit_status(self, member: RunningMember) -> int | None:
-        """An adopted member's exit status, as its shim wrote it (None: not written)."""
+    def _member_file(self, member: RunningMember, which: int) -> list[str]:
+        """The words of an adoptable member's lease file (0) or exit file (1); none when it is absent."""
         files = self._member_files(member.allocation_id, member.rank)
         if files is None:
-            return None
+            return []
         try:
-            return int(files[1].read_text().strip())
-        except (OSError, ValueError):
+            return files[which].read_text().split()
+        except OSError:
+            return []
+
+    def exit_status(self, member: RunningMember) -> int | None:
+        """An adopted member's exit status, as its shim wrote it (None: not written)."""
+        words = self._member_file(member, 1)
+        try:
+            return int(words[0])
+        except (IndexError, ValueError):
             return None
+
+    def shim_fenced(self, member: RunningMember) -> bool:
+        """Did an adoptable member's shim stop it on its own (its lease ran out)? Then its end is the fencing's,
+        whatever lease this agent believes it renewed meanwhile."""
+        return self._member_file(member, 1)[1:2] == ["fenced"]
+
+    def _lease_written(self, member: RunningMember) -> float:
+        """The lease last written to an adoptable member's lease file: the one its shim holds (-inf: none)."""
+        try:
+            return float(self._member_file(member, 0)[0])
+        except (IndexError, ValueError):
+            return -math.inf
 
     async def _gone(self, member: RunningMember) -> int | None:
         """Wait for an adopted member's shim to end; its exit status (None: unknown)."""
@@ -576,6 +597,8 @@ class LaunchActivities:
             alive = start is not None and process_start_time(data["pid"]) == start
             member = RunningMember(**data)
             member.started = True
+            # The state file keeps the lease of the member's launch; renewals went to its lease file.
+            member.lease_until = max(member.lease_until, self._lease_written(member))
             if alive or data.get("container") or (self.adoptable and self.exit_status(member) is not None):
                 found.append(member)
             else:
@@ -616,7 +639,7 @@ class LaunchActivities:
             member = self.running.get(allocation_id)
             if member is None or allocation_id in self.fenced:
                 continue
-            until = renewed_lease_until(member.lease_until, asked_at, self.lease_s)
+            until = renewed_lease_until(member.lease_until, asked_at, self.lease_s, lease_clock())
             if until is None:
                 continue
             member.lease_until = until

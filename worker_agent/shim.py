@@ -262,23 +262,24 @@ def main(args: list[str]) -> int:
         if stop_at is not None or code < 0:
             # Stopped, or its client died of a signal: whatever it started must not outlive it.
             _remove_container(cli, container)
-        _write_exit(exit_file, code)
+        _write_exit(exit_file, code, fenced)
         return _die_like(code)
-    _write_exit(exit_file, code)
+    _write_exit(exit_file, code, fenced)
     if stop_at is not None and (fenced or os.getppid() != parent):
         # Stopped on its own, without its agent: nothing of the member may outlive the grace period.
         os.killpg(group, signal.SIGKILL)
     return _die_like(code)
 
 
-def _write_exit(path: str, code: int) -> None:
-    """The member's exit status (negative: the signal that killed it), for an agent that did not start this shim."""
+def _write_exit(path: str, code: int, fenced: bool) -> None:
+    """The member's exit status (negative: the signal that killed it), for an agent that did not start this shim;
+    followed by ``fenced`` when the shim stopped it on its own (its lease ran out, or its agent went first)."""
     if not path:
         return
     with contextlib.suppress(OSError):
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
-            f.write(f"{code}\n")
+            f.write(f"{code} fenced\n" if fenced else f"{code}\n")
         os.replace(tmp, path)
 
 

@@ -334,7 +334,8 @@ def test_kill_9_of_dev_while_a_job_waits_then_restart_runs_it(platform_factory: 
     release.touch()
     done = p.wait_for(waiting["id"], TERMINAL, timeout=120)
     assert done["state"] == "SUCCEEDED", done
-    assert p.wait_for(blocker["id"], TERMINAL, timeout=60)["state"] == "SUCCEEDED"
+    ended = p.wait_for(blocker["id"], TERMINAL, timeout=60)
+    assert ended["state"] == "SUCCEEDED", f"{ended}\n{p.logs()}"
 
     # Ctrl-C while a job runs: `fairgang dev` stops every part and exits 0; the job's process runs on, within its
     # lease, for the platform's next start to adopt.

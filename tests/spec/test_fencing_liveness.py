@@ -6,8 +6,10 @@ from fairgang import fencing, liveness
 
 
 def test_a_heartbeat_answer_holding_the_allocation_extends_the_lease_from_its_send_time() -> None:
-    assert fencing.renewed_lease_until(10.0, asked_at=8.0, lease_s=5.0) == 13.0
-    assert fencing.renewed_lease_until(13.0, asked_at=8.0, lease_s=5.0) is None  # no extension: nothing to send
+    assert fencing.renewed_lease_until(10.0, asked_at=8.0, lease_s=5.0, now=9.0) == 13.0
+    assert fencing.renewed_lease_until(13.0, asked_at=8.0, lease_s=5.0, now=9.0) is None  # no extension: nothing to send
+    # An answer that comes after the lease ran out renews nothing: the shim has stopped the member by then.
+    assert fencing.renewed_lease_until(10.0, asked_at=9.0, lease_s=5.0, now=10.0) is None
     assert fencing.first_lease_until(100.0, now=101.0, activity_age_s=3.0, lease_s=5.0) == 103.0
     assert fencing.first_lease_until(100.0, now=101.0, activity_age_s=-1.0, lease_s=5.0) == 105.0
     assert fencing.lease_expired(10.0, 10.0) and not fencing.lease_expired(10.0, 9.9)

@@ -14,14 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from fairgang.settings import Settings
+from tests.worker_agent.test_stop import until
 from worker_agent.agent import NodeAgent
 from worker_agent.gpus import SimulatedGpus
-from worker_agent.launch import RunningMember, pid_alive
-from workflows.job import MEMBER_FENCED
+from worker_agent.launch import LaunchActivities, RunningMember, pid_alive
+from worker_agent.shim import lease_clock
+from workflows.job import AGENT_RESTARTING, MEMBER_FENCED
 from workflows.messages import LaunchInput
 
 
@@ -108,3 +111,102 @@ async def test_an_agent_cut_off_from_the_api_fences_its_member_and_the_launch_sa
         for m in list(a.launcher.running.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(m.pid, signal.SIGKILL)
+
+
+#: A member that writes its pid and runs until SIGTERM ends it (exit status -15).
+SLEEPER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+
+
+def adoptable_launcher(tmp_path: Path, lease: float) -> LaunchActivities:
+    """A run of the agent's launcher whose members outlive it within their lease (state dir and lease)."""
+    return LaunchActivities(node_id="h1", log_dir=tmp_path / "logs", state_dir=tmp_path / "state", lease_s=lease)
+
+
+def activity_env() -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC))
+    return env
+
+
+async def start_then_stop_the_agent(tmp_path: Path, launcher: LaunchActivities, inp: LaunchInput, renew_for_s: float) -> int:
+    """Launch a member, renew its lease as heartbeats would for ``renew_for_s``, then stop the agent (its worker
+    shuts down: the member runs on for the next run to adopt). The member's pid."""
+    env = activity_env()
+    launch = asyncio.create_task(env.run(launcher.launch, inp))
+    pid_file = Path(inp.argv[-1])
+    await until(lambda: pid_file.exists() and pid_file.read_text() and inp.allocation_id in launcher.running)
+    renewed_until = asyncio.get_running_loop().time() + renew_for_s
+    while asyncio.get_running_loop().time() < renewed_until:
+        launcher.renew([inp.allocation_id], lease_clock())
+        await asyncio.sleep(0.2)
+    env.cancel(ActivityCancellationDetails(worker_shutdown=True))
+    with pytest.raises(ApplicationError) as stopping:
+        await launch
+    assert stopping.value.type == AGENT_RESTARTING
+    return int(await asyncio.to_thread(pid_file.read_text))
+
+
+def sleeper_input(tmp_path: Path) -> LaunchInput:
+    return LaunchInput(
+        job_id="j", attempt=1, allocation_id="a-1", node_id="h1", rank=0, world_size=1, gpu_indices=[0], gpus_per_member=1,
+        argv=[sys.executable, "-c", SLEEPER, str(tmp_path / "member.pid")], env={}, checkpoint_dir=str(tmp_path / "ckpt"),
+        grace_period_s=1.0, master_addr="h1", master_port=29500,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("renewal", ["after the lease ran out", "as the shim stopped it"])
+async def test_a_member_whose_lease_ran_out_while_no_agent_ran_ends_fenced_not_failed(tmp_path: Path, renewal: str) -> None:
+    """The agent restarts later than the lease: the shim stopped the member (SIGTERM: exit status -15). The store
+    still holds the allocation (the node is not declared lost yet), so the next run adopts the member and the
+    registration's answer holds it; that answer must not revive the lease, and the launch must say the member
+    was fenced (the workflow runs the job again) rather than that the job exited with -15 (the job fails).
+    A renewal that lands just as the shim gives up (the agent believes the lease renewed) changes nothing: the
+    shim's exit file says it stopped the member."""
+    lease = 1.5
+    inp = sleeper_input(tmp_path)
+    first = adoptable_launcher(tmp_path, lease)
+    pid = await start_then_stop_the_agent(tmp_path, first, inp, renew_for_s=0.0)
+    try:
+        exit_file = tmp_path / "state" / "a-1-rank-0.exit"
+        await until(exit_file.exists)  # no agent renews the lease: its shim stops the member
+        second = adoptable_launcher(tmp_path, lease)
+        orphans = second.orphans()
+        assert [m.allocation_id for m in orphans] == ["a-1"]
+        assert second.exit_status(orphans[0]) == -signal.SIGTERM
+        second.adopt(orphans[0])
+        if renewal == "after the lease ran out":
+            second.renew(["a-1"], lease_clock())  # the registration's answer holds the allocation
+            assert orphans[0].lease_until <= lease_clock(), "an answer revived a lease that had run out"
+        else:
+            orphans[0].lease_until = lease_clock() + lease
+        try:
+            result = await asyncio.wait_for(activity_env().run(second.launch, inp), 30)
+        except ApplicationError as fenced:
+            assert fenced.type == MEMBER_FENCED
+        else:
+            raise AssertionError(f"the launch returned {result}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+async def test_the_next_run_of_the_agent_holds_the_lease_its_last_renewal_wrote(tmp_path: Path) -> None:
+    """Renewals go to the member's lease file, not its state file: the next run starts from the last of them (not
+    from the launch's lease, long over), so renewing it within that lease keeps the member running."""
+    lease = 1.5
+    inp = sleeper_input(tmp_path)
+    first = adoptable_launcher(tmp_path, lease)
+    pid = await start_then_stop_the_agent(tmp_path, first, inp, renew_for_s=3 * lease)
+    try:
+        second = adoptable_launcher(tmp_path, lease)
+        (member,) = second.orphans()
+        assert member.lease_until == pytest.approx(first.running["a-1"].lease_until, abs=1e-5)
+        second.adopt(member)
+        kept_until = asyncio.get_running_loop().time() + 3 * lease
+        while asyncio.get_running_loop().time() < kept_until:
+            second.renew(["a-1"], lease_clock())
+            assert pid_alive(pid), "the member was stopped although the next run renewed its lease in time"
+            await asyncio.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)

@@ -362,3 +362,18 @@ def test_an_adoptable_members_exit_status_is_written_for_an_agent_that_did_not_s
         assert _read_status(r).startswith("ok ")
         proc.wait(30)
         assert exit_file.read_text().strip() == expected
+    # A member the shim stopped on its own (its lease ran out): the exit file says so.
+    _write_lease(lease_file, lease_clock() + 0.5)
+    r, w = os.pipe()
+    argv = [
+        *shim_argv(1.0, w, lease_until=lease_clock() + 0.5, files=(lease_file, exit_file)),
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+    ]
+    proc = subprocess.Popen(argv, start_new_session=True, pass_fds=(w,))
+    os.close(w)
+    _groups.append(proc.pid)
+    assert _read_status(r).startswith("ok ")
+    proc.wait(30)
+    assert exit_file.read_text().strip() == "-15 fenced"
