@@ -164,6 +164,7 @@ class _Job:
         "done_s",
         "epoch",
         "expect_at",
+        "expected_for",
         "failures",
         "finish",
         "first_start",
@@ -203,6 +204,9 @@ class _Job:
         self.epoch = 0
         #: When its live look-again event falls (None: none); an event at another time is stale.
         self.expect_at: float | None = None
+        #: Learned run times: (epoch, the prediction before any work, how long after its start the run is expected to
+        #: end) while that prediction holds, i.e. until its work reaches it or the predictor learns its key (None: none).
+        self.expected_for: tuple[int, float, float] | None = None
         self.resizes = 0
         self.resize_lost_gpu_s = 0.0
         self.resized_at: float | None = None
@@ -559,10 +563,30 @@ class Engine:
         if self.opt.learned_runtimes:
             # The work done by now (at full speed), the predicted total, corrected once outlived.
             worked = js.done_s + max(0.0, now - js.started_at - js.overhead_s) * js.rate
+            held = js.expected_for
+            if held is not None and held[0] == js.epoch and worked < held[1] and js.keys[0] not in self.relearned:
+                return max(held[2], now - js.started_at)  # most checkpoints: the prediction still holds
             predicted = self.predictor.predict(js.keys, job.max_runtime_s, worked)
             expected = min(job.max_runtime_s, js.overhead_s + max(0.0, predicted - js.done_s) / js.rate)
+            js.expected_for = (js.epoch, self._holds_until(js, worked, predicted), expected)
             return max(expected, now - js.started_at)
         return max(job.max_runtime_s, self._run_left(js))
+
+    def _holds_until(self, js: _Job, worked: float, predicted: float) -> float:
+        """How much work the job can reach (from ``worked``, within its run) with the predictor still giving
+        ``predicted``, as long as it learns nothing of the job's keys. Short of its first prediction, it gives that
+        prediction; once that is outlived, the smallest doubling of it beyond the work (the cap at most), for any
+        work short of that doubling; the cap, for any work short of the cap. The margins keep clear of the rounding
+        of the doubling's log2, which may double once more for work within a few ulps below a doubling (the cap's
+        case is left to that chance, about 1e-15 a prediction). 0.0: none known (ask every time)."""
+        cap = js.job.max_runtime_s
+        if predicted == cap:
+            return cap
+        if predicted / 2.0 <= worked < predicted:  # the smallest doubling beyond the work (or the first prediction)
+            return predicted * (1.0 - 1e-9)
+        if worked < predicted / 2.0 * (1.0 - 1e-9):  # no doubling reaches this far below: the first prediction
+            return predicted
+        return 0.0
 
     def _running_view(self, js: _Job, now: float) -> RunningJob:
         job = js.job

@@ -128,3 +128,33 @@ def test_a_running_jobs_view_carries_its_latest_checkpoint_and_its_learned_end_a
         assert (view.started_at, view.gpu_count, view.attempt, len(view.members)) == (0.0, 4, 1, 1)
         assert now <= view.expected_end <= 4000
     assert {view.expected_end for _, view in views} > {4000.0}, "the learned run time reached its view"
+
+
+def test_a_prediction_held_between_checkpoints_gives_the_views_the_predictor_gives_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine keeps a running job's learned end between checkpoints while the predictor would give it again
+    (short of the prediction, or of the doubling beyond an outlived one, and nothing learned of its key). Asked
+    every time instead, the policy sees the same views at every cycle and every job ends the same."""
+    from simulator.engine import Engine
+    from simulator.fleet import spec_fleet
+    from simulator.policies import get_policy
+    from simulator.workload import synthetic_workload
+
+    fleet = spec_fleet()
+    wl = synthetic_workload(fleet, seed=3, load=0.9, jobs=1500)
+    spec = get_policy("ours")
+    options = SimOptions(seed=3, fresh_checkpoints=spec.needs_checkpoints, learned_runtimes=True)
+
+    def run() -> tuple[list[tuple[float, tuple[tuple[str, float, float | None], ...]]], list[tuple[str, float | None, float | None]]]:
+        seen: list[tuple[float, tuple[tuple[str, float, float | None], ...]]] = []
+
+        def hook(snap: Snapshot, now: float, _: list[str]) -> None:
+            seen.append((now, tuple((r.id, r.expected_end, r.last_checkpoint_at) for r in snap.running)))
+
+        result = simulate(wl, fleet, spec.make(), name="ours", options=options, hook=hook)
+        return seen, [(r.id, r.first_start, r.finish) for r in result.records]
+
+    held = run()
+    monkeypatch.setattr(Engine, "_holds_until", lambda *_: 0.0)  # no prediction held: the predictor every time
+    asked = run()
+    assert len(held[0]) > 1000
+    assert held == asked
