@@ -15,9 +15,9 @@ from temporalio.client import Client
 from api.limits import AuthThrottle, SubmissionBuckets
 from api.views import ViewCache
 from fairgang.settings import Settings
+from fairgang.temporal import connect
 from store import auth
 from store.db import Database
-from workflows import starter
 
 log = logging.getLogger("fairgang.api")
 #: After a failed connect to Temporal, how long requests go without trying again.
@@ -57,7 +57,7 @@ class AppState:
                 if time.monotonic() < self._retry_at:
                     return None
                 try:
-                    self._client = await asyncio.wait_for(starter.connect(self.settings), 5)
+                    self._client = await asyncio.wait_for(connect(self.settings), 5)
                 except Exception as err:  # noqa: BLE001 - any connect failure means "not now"
                     self._retry_at = time.monotonic() + TEMPORAL_RETRY_S
                     log.warning("temporal unreachable (next try in %.0f s): %s", TEMPORAL_RETRY_S, err)

@@ -2,41 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
-from temporalio.worker import Worker
-
-from activities.store import StoreActivities
-from activities.sweeps import SweepActivities
-from fairgang import metrics
-from fairgang.settings import CONTROL_TASK_QUEUE, Settings
-from scheduler.service import PlacementService
-from store.db import Database, migrate
-from worker_agent.agent import NodeAgent
-from worker_agent.gpus import GpuBackend, NvmlGpus, SimulatedGpus
-from workflows import starter
-from workflows.job import TrainingJobWorkflow
-from workflows.sweep import SweepWorkflow
+from fairgang.settings import Settings
+from fairgang.temporal import connect_with_retry as connect_temporal_with_retry
 
 log = logging.getLogger("fairgang")
 
-
-async def connect_temporal_with_retry(settings: Settings, attempts: int = 60):  # type: ignore[no-untyped-def]
-    for attempt in range(attempts):
-        try:
-            return await starter.connect(settings)
-        except Exception as err:
-            if attempt == attempts - 1:
-                raise
-            log.info("waiting for Temporal at %s: %s", settings.temporal_address, err)
-            await asyncio.sleep(1.0)
-    raise AssertionError("unreachable")
+# Each part imports what it runs, inside its function: an agent (started once per node, and again on each
+# restart) loads neither the store nor the workflows nor the placement service.
 
 
 async def run_worker(settings: Settings) -> None:
     """The control-plane worker: job and sweep workflows and their store activities."""
+    from temporalio.worker import Worker
+
+    from activities.store import StoreActivities
+    from activities.sweeps import SweepActivities
+    from fairgang.settings import CONTROL_TASK_QUEUE
+    from store.db import Database
+    from workflows.job import TrainingJobWorkflow
+    from workflows.sweep import SweepWorkflow
+
     db = Database(settings.database_url)
     client = await connect_temporal_with_retry(settings)
     worker = Worker(
@@ -52,6 +40,10 @@ async def run_worker(settings: Settings) -> None:
 
 
 async def run_scheduler(settings: Settings) -> None:
+    from fairgang import metrics
+    from scheduler.service import PlacementService
+    from store.db import Database, migrate
+
     db = Database(settings.database_url)
     await migrate(settings.database_url)
     client = await connect_temporal_with_retry(settings)
@@ -74,6 +66,9 @@ async def run_agent(
     simulated: bool,
     runtime: str = "process",
 ) -> None:
+    from worker_agent.agent import NodeAgent
+    from worker_agent.gpus import GpuBackend, NvmlGpus, SimulatedGpus
+
     backend: GpuBackend = SimulatedGpus(node_id, gpu_type, gpus or 8) if simulated else NvmlGpus()
     client = await connect_temporal_with_retry(settings)
     agent = NodeAgent(

@@ -10,7 +10,6 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from fairgang import metrics
 from fairgang.members import PlacedMember
 from fairgang.settings import CONTROL_TASK_QUEUE, Settings
 from fairgang.spec import JobState, stored_spec
@@ -27,12 +26,6 @@ from workflows.messages import (
     PreemptRequest,
     ResizeRequest,
 )
-
-
-async def connect(settings: Settings) -> Client:
-    """A client; with ``temporal_metrics_bind`` set, its workers export the SDK's metrics there (docs/metrics.md)."""
-    runtime = metrics.temporal_runtime(settings.temporal_metrics_bind)
-    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace, runtime=runtime)
 
 
 def job_input(job: Any, settings: Settings) -> JobInput:

@@ -197,7 +197,7 @@ async def test_after_a_failed_connect_to_temporal_requests_do_not_each_try_again
         tries += 1
         raise ConnectionError("temporal is down")
 
-    monkeypatch.setattr(deps.starter, "connect", unreachable)
+    monkeypatch.setattr(deps, "connect", unreachable)
     state = deps.AppState(settings=Settings(database_url=seeded.url), db=seeded)
     assert [await state.temporal() for _ in range(20)] == [None] * 20
     assert tries == 1
