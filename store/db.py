@@ -6,16 +6,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from fairgang.settings import normalise_database_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 NOTIFY_CHANNEL = "fairgang_wake"
@@ -109,6 +110,10 @@ def store_busy(err: BaseException) -> bool:
 
 
 def alembic_config(url: str) -> Config:
+    """Alembic's config for the store at ``url`` (alembic is imported only by what migrates: the parts that
+    only read and write the store start without it)."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", normalise_database_url(url).replace("%", "%%"))
@@ -117,6 +122,8 @@ def alembic_config(url: str) -> Config:
 
 def migrate_sync(url: str) -> None:
     """Bring the schema to the newest migration (blocking; safe to repeat)."""
+    from alembic import command
+
     command.upgrade(alembic_config(url), "head")
 
 
