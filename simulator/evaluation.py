@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ RUNS = (("load-70", "about 70 %"), ("load-100", "about 100 %"))
 SEEDS = (0, 1, 2)
 #: The baselines ours is held to (sjf is the oracle reference, not a rival).
 RIVALS = ("fifo", "priority", "multifactor", "drf", "las")
+#: Ours' maximum wait is held to the best of these (fifo's first-come order is the reference for it, not a rival).
+MAX_WAIT_RIVALS = ("priority", "multifactor", "drf", "las", "sjf")
 #: Lower is better for these; higher for the rest.
 LOWER = {"avg_jct", "p99_wait", "avg_wait", "max_wait", "lost_gpu_h"}
 
@@ -242,7 +245,7 @@ def _targets(runs: list[tuple[int, dict[str, Any]]]) -> list[str]:
     cells = []
     for _, d in runs:
         o = ours(d)
-        others = [d["summaries"][r]["overall"]["max_wait"] for r in ("priority", "multifactor", "drf", "las", "sjf") if r in d["summaries"]]
+        others = [d["summaries"][r]["overall"]["max_wait"] for r in MAX_WAIT_RIVALS if r in d["summaries"]]
         if o is None or not others:
             cells.append(("-", None))
             continue
@@ -355,17 +358,13 @@ def bench(out: Path, *, jobs: int, policies: list[str], load: float, seed: int) 
     from simulator.engine import SimOptions, simulate
     from simulator.fleet import spec_fleet
     from simulator.policies import get_policy
-    from simulator.workload import synthetic_workload
+    from simulator.workload import synthetic_workload, type_loads
 
     fleet = spec_fleet()
     t0 = time.perf_counter()
     wl = synthetic_workload(fleet, seed=seed, load=load, jobs=jobs)
     gen_s = time.perf_counter() - t0
-    span = wl.jobs[-1].submit_s - wl.jobs[0].submit_s
-    demand: dict[str, float] = {}
-    for job in wl.jobs:
-        demand[job.gpu_type] = demand.get(job.gpu_type, 0.0) + job.gpu_count * job.duration_s
-    per_type = ", ".join(f"{t} {demand.get(t, 0.0) / span / c:.2f}" for t, c in sorted(fleet.capacity().items()))
+    per_type = ", ".join(f"{t} {over_span:.2f}" for t, (over_span, _) in type_loads(wl, fleet.capacity()).items())
     rows = {}
     for name in policies:
         spec = get_policy(name)
@@ -391,6 +390,75 @@ def bench(out: Path, *, jobs: int, policies: list[str], load: float, seed: int) 
         "speed": rows,
     }
     out.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _philly_run(command: str) -> tuple[float, int] | None:
+    """(load, seed) of a `fairgang sim` command that replays the Philly trace on the SPEC fleet; None for any other run."""
+    args = dict(re.findall(r"--([a-z-]+) (\S+)", command))
+    if args.get("workload", "philly") != "philly" or args.get("fleet", "spec") != "spec" or "elastic-share" in args:
+        return None
+    return float(args.get("load", "0.7")), int(args.get("seed", "0"))
+
+
+def _backlogs(folder: Path) -> list[str]:
+    """Offered load per GPU type of each Philly run (over the submissions, and in their busiest day), beside the
+    maximum waits: where the longest waits come from."""
+    from simulator.fleet import spec_fleet
+    from simulator.workload import philly_workload, type_loads
+
+    fleet = spec_fleet()
+    types = sorted(fleet.capacity())
+    rows: list[str] = []
+    #: Per run: the busiest day's offered load of its busiest GPU type.
+    bursts: list[float] = []
+    for run, _ in RUNS:
+        for _, data in _seed_runs(folder, run):
+            which = _philly_run(data["command"])
+            if which is None:
+                continue
+            load, seed = which
+            workload = philly_workload(fleet, seed=seed, load=load)
+            loads = type_loads(workload, fleet.capacity())
+            span_h = (workload.jobs[-1].submit_s - workload.jobs[0].submit_s) / 3600.0
+            summaries = data["summaries"]
+            rivals = [summaries[p]["overall"]["max_wait"] for p in MAX_WAIT_RIVALS if p in summaries]
+            waits = " / ".join(
+                _f(x)
+                for x in (
+                    summaries["ours"]["overall"]["max_wait"] if "ours" in summaries else math.nan,
+                    summaries["fifo"]["overall"]["max_wait"] if "fifo" in summaries else math.nan,
+                    min(rivals) if rivals else math.nan,
+                )
+            )
+            cells = " | ".join(f"{loads[t][0]:.2f} ({loads[t][1]:.2f})" for t in types)
+            bursts.append(max(busiest for _, busiest in loads.values()))
+            rows.append(f"| {load:.1f} | {seed} | {span_h:.0f} | {cells} | {waits} |")
+    if not rows:
+        return []
+    return [
+        "## Where the longest waits come from",
+        "",
+        "Offered load per GPU type: over the span of the submissions, and (in brackets) in their busiest 24 hours",
+        "(`simulator.workload.type_loads`); beside it the maximum wait (hours) of ours, of fifo, and the best of the",
+        "rivals the target names.",
+        "",
+        f"| load | seed | submissions over h | {' | '.join(types)} | max wait: ours / fifo / best rival |",
+        "|---:|---:|---:|" + "---:|" * len(types) + "---|",
+        *rows,
+        "",
+        "Philly's submissions come in bursts, and the time compression keeps them: in "
+        + ("every run" if all(b > 1.0 for b in bursts) else f"{sum(b > 1.0 for b in bursts)} of the {len(bursts)} runs")
+        + " some GPU type is",
+        "offered more than its GPUs for a whole day. The jobs submitted in such a day wait for its backlog to drain",
+        "whatever the order of the queue; the order decides only whose jobs wait longest. First-come order gives every",
+        "job of a backlog about the same wait, hence fifo's short maximum (and its long average). Ours serves the",
+        "tenants below their share, the short jobs and the reservation holders first, so its longest waits are those",
+        "of the burst's jobs that are none of these, most of them gangs of 8 GPUs or more, which start as the backlog",
+        "drains; the other non-preemptive orders (multifactor, drf, sjf) leave a tail of the same kind (the 9-32 GPU",
+        "rows of the size tables above). Cutting it means serving the burst's gangs in their order of arrival, at the",
+        "cost of the average wait and of fairness.",
+        "",
+    ]
 
 
 def doc(folder: Path, target: Path) -> None:
@@ -499,6 +567,7 @@ def doc(folder: Path, target: Path) -> None:
     from simulator.estimator_study import section as estimator_section
 
     out += estimator_section(sorted(folder.glob("estimator-*.json")), current)
+    out += _backlogs(folder)
     out += [
         "## Limits of this evaluation",
         "",

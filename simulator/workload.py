@@ -109,6 +109,32 @@ def offered_load(workload: Workload, fleet_gpus: int) -> float:
     return workload.gpu_seconds() / (fleet_gpus * span)
 
 
+def type_loads(workload: Workload, capacity: dict[str, int], window_s: float = 24 * 3600.0) -> dict[str, tuple[float, float]]:
+    """Per GPU type of ``capacity``: its offered load over the submission span (GPU-seconds submitted for the type
+    over its GPU-seconds), and that of its busiest ``window_s`` (the most GPU-seconds submitted within any window of
+    that length, over the type's GPU-seconds in it). A type above 1 for a window builds a backlog that no order of
+    the queue avoids: the jobs that arrive in it wait for it to drain, and a policy decides only whose jobs wait longest."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be positive, got {window_s}")
+    out: dict[str, tuple[float, float]] = {}
+    span = max(workload.jobs[-1].submit_s - workload.jobs[0].submit_s, 1.0) if workload.jobs else 1.0
+    for gpu_type, gpus in sorted(capacity.items()):
+        if gpus <= 0:
+            continue
+        jobs = [(j.submit_s, (j.gpu_max or j.gpu_count) * j.duration_s) for j in workload.jobs if j.gpu_type == gpu_type]
+        total = busiest = window = 0.0
+        first = 0
+        for submit_s, gpu_s in jobs:  # jobs are sorted by submit time: a sliding window over them
+            total += gpu_s
+            window += gpu_s
+            while jobs[first][0] <= submit_s - window_s:
+                window -= jobs[first][1]
+                first += 1
+            busiest = max(busiest, window)
+        out[gpu_type] = (total / (gpus * span), busiest / (gpus * min(window_s, span)))
+    return out
+
+
 def compress_to_load(workload: Workload, fleet_gpus: int, load: float) -> Workload:
     """Scale submit times by one factor so the offered load is ``load``."""
     current = offered_load(workload, fleet_gpus)

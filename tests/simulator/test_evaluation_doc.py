@@ -1,10 +1,14 @@
-"""The evaluation page's target table and spread across seeds, from summaries (never typed numbers)."""
+"""The evaluation page's target table, spread across seeds and backlog table, from summaries and workloads (never typed numbers)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from simulator.evaluation import _across_seeds, _targets
+from simulator.evaluation import _across_seeds, _backlogs, _philly_run, _targets
+from simulator.fleet import spec_fleet
+from simulator.workload import philly_workload, type_loads
 
 
 def summary(avg_wait: float, p99_one: float, max_wait: float, jain: float = 0.99, lost: float = 1.0) -> dict[str, Any]:
@@ -62,3 +66,30 @@ def test_the_spread_gives_each_policys_mean_and_range_over_the_seeds():
     lines = _across_seeds([(0, run(summary(1.0, 3.0, 60.0))), (1, run(summary(2.0, 5.0, 70.0)))])
     ours = next(line for line in lines if line.startswith("| ours |"))
     assert "| 1.50 (1.00-2.00) | 4.00 (3.00-5.00) | 65.00 (60.00-70.00) |" in ours
+
+
+def test_only_philly_runs_on_the_spec_fleet_are_read_for_their_load_and_seed():
+    assert _philly_run("fairgang sim --workload philly --load 1.0 --seed 2 --out d --title 't'") == (1.0, 2)
+    assert _philly_run("fairgang sim --out d") == (0.7, 0)
+    assert _philly_run("fairgang sim --workload synthetic --load 0.7 --out d") is None
+    assert _philly_run("fairgang sim --fleet cluster.yaml --load 0.7 --out d") is None
+    assert _philly_run("fairgang sim --load 0.7 --elastic-share 0.5 --out d") is None
+
+
+def test_the_backlog_table_gives_each_runs_offered_load_per_type_beside_its_maximum_waits(tmp_path: Path):
+    data = run(summary(0.7, 3.0, 61.5))
+    data["command"] = "fairgang sim --workload philly --load 0.7 --seed 1 --out docs/evaluation/load-70-seed1 --title 't'"
+    (tmp_path / "load-70-seed1").mkdir()
+    (tmp_path / "load-70-seed1" / "summary.json").write_text(json.dumps(data))
+    lines = _backlogs(tmp_path)
+    fleet = spec_fleet()
+    loads = type_loads(philly_workload(fleet, seed=1, load=0.7), fleet.capacity())
+    row = next(line for line in lines if line.startswith("| 0.7 | 1 |"))
+    for over_span, busiest in loads.values():
+        assert f"{over_span:.2f} ({busiest:.2f})" in row
+    # ours, fifo, then the best of priority, multifactor, drf, las and sjf (multifactor's 74.0 here).
+    assert row.endswith("| 61.50 / 30.00 / 74.00 |"), row
+    # Its busiest type is offered more than its GPUs for a day, and the text says so of the one run.
+    assert max(busiest for _, busiest in loads.values()) > 1.0
+    assert any("in every run some GPU type is" in line for line in lines)
+    assert _backlogs(tmp_path / "nothing-here") == []

@@ -7,7 +7,18 @@ from pathlib import Path
 import pytest
 
 from simulator.fleet import load_fleet, spec_fleet
-from simulator.workload import csv_workload, offered_load, philly_workload, read_philly_rows, resolve_tenants, synthetic_workload, write_csv
+from simulator.workload import (
+    SimJob,
+    Workload,
+    csv_workload,
+    offered_load,
+    philly_workload,
+    read_philly_rows,
+    resolve_tenants,
+    synthetic_workload,
+    type_loads,
+    write_csv,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +111,33 @@ def test_every_gpu_type_of_a_synthetic_workload_sees_about_the_target_load():
     per_type = {t: demand.get(t, 0.0) / span / c for t, c in fleet.capacity().items()}
     assert offered_load(wl, fleet.total_gpus()) == pytest.approx(0.7, abs=0.05)
     assert all(0.55 <= load <= 0.85 for load in per_type.values()), per_type
+
+
+def _job(n: int, submit_h: float, gpu_type: str, gpus: int, hours: float, gpu_max: int | None = None) -> SimJob:
+    return SimJob(
+        id=f"j{n}", tenant="a", submit_s=submit_h * 3600.0, gpu_type=gpu_type, gpu_count=gpus,
+        duration_s=hours * 3600.0, max_runtime_s=2 * hours * 3600.0, gpu_max=gpu_max,
+    )  # fmt: skip
+
+
+def test_type_loads_give_each_types_load_over_the_submissions_and_in_its_busiest_window():
+    # 10 GPUs of "x" over 48 h of submissions: 240 GPU-hours in the first day (24 + 48 + 168), 60 more at 48 h
+    # (the window ending there, (24 h, 48 h], holds only that job of x).
+    jobs = (
+        _job(0, 0.0, "x", 1, 24.0),
+        _job(1, 10.0, "x", 4, 12.0),
+        _job(2, 23.0, "x", 7, 24.0),
+        _job(3, 30.0, "y", 2, 1.0, gpu_max=4),  # an elastic job counts at its maximum
+        _job(4, 48.0, "x", 5, 12.0),
+    )
+    loads = type_loads(Workload(name="w", jobs=jobs, tenants=()), {"x": 10, "y": 4, "z": 8})
+    assert loads["x"] == pytest.approx((300.0 / (10 * 48), 240.0 / (10 * 24)))
+    assert loads["y"] == pytest.approx((4.0 / (4 * 48), 4.0 / (4 * 24)))
+    assert loads["z"] == (0.0, 0.0)
+    # A 20 h window ending at job 2 (23 h) no longer holds job 0: its busiest holds jobs 1 and 2.
+    short = type_loads(Workload(name="w", jobs=jobs, tenants=()), {"x": 10}, window_s=20 * 3600.0)
+    assert short["x"][1] == pytest.approx((48.0 + 168.0) / (10 * 20))
+    # A window longer than the submissions' span is the span itself.
+    assert type_loads(Workload(name="w", jobs=jobs, tenants=()), {"x": 10}, window_s=100 * 3600.0)["x"] == pytest.approx((0.625, 0.625))
+    with pytest.raises(ValueError, match="window_s"):
+        type_loads(Workload(name="w", jobs=jobs, tenants=()), {"x": 10}, window_s=0.0)
