@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     usage_half_life_s: float = 3 * 3600.0
     aging_per_hour: float = 10.0
     max_wait_s: float = 6 * 3600.0
+    #: A blocked job waiting this long takes its GPU type's reservation by age, whatever its tenant's share (0: never).
+    reservation_by_age_after_s: float = Field(default=24 * 3600.0, ge=0.0)
     min_runtime_before_preempt_s: float = 600.0
     #: Each restart multiplies the time a job runs before it may be preempted again, up to max_wait_s (1: never).
     preempt_backoff: float = Field(default=2.0, ge=1.0)

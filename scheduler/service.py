@@ -125,6 +125,7 @@ class PlacementService:
             usage_half_life_s=settings.usage_half_life_s,
             aging_per_hour=settings.aging_per_hour,
             max_wait_s=settings.max_wait_s,
+            reservation_by_age_after_s=settings.reservation_by_age_after_s,
             min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
             preempt_backoff=settings.preempt_backoff,
             backfill=settings.backfill,

@@ -54,16 +54,23 @@ def standing_key(reservation: Reservation) -> tuple[float, str]:
     return (reservation.start_at, reservation.job_id)
 
 
-def reservation_head_key(job: PendingJob, share: float, now: float, config: SchedulerConfig) -> tuple[float, float, float, str]:
-    """Who gets a GPU type's EASY reservation among its blocked jobs: 1. the tenant with the lowest weighted share of
+def reservation_head_key(job: PendingJob, share: float, now: float, config: SchedulerConfig) -> tuple[int, float, float, float, str]:
+    """Who gets a GPU type's EASY reservation among its blocked jobs: 0. jobs that have waited
+    ``reservation_by_age_after_s`` or longer, longest waiter first; then 1. the tenant with the lowest weighted share of
     the type (``share``: :func:`type_share`, as the fair queue orders), 2. higher aged priority, 3. waited longer, 4. job id.
 
     Fair share, then age: the reservation goes to the tenant furthest below its share, and within a tenant to its
     longest waiter. A holder keeps the reservation until it starts, and each holder that starts raises its tenant's
     share, so the turns go round the tenants with blocked jobs in fair order; a tenant's past use fades with the
     half-life. Past ``max_wait_s`` a job may also preempt to start (:mod:`scheduler.core.preempt`, reason 3).
+
+    Fair share alone leaves a burst's backlog to drain tenant by tenant, and the last jobs of the busiest tenants wait
+    the longest; past ``reservation_by_age_after_s`` (0: never) the oldest blocked job is protected first, whoever's.
     """
-    return (round(share, 12), -aged_priority(job, now, config), -waited_s(job, now), job.id)
+    waited = waited_s(job, now)
+    if 0.0 < config.reservation_by_age_after_s <= waited:
+        return (0, -waited, 0.0, 0.0, job.id)
+    return (1, round(share, 12), -aged_priority(job, now, config, waited), -waited, job.id)
 
 
 def victim_cost_key(job: RunningJob, now: float) -> tuple[float, int, float, str]:

@@ -193,6 +193,11 @@ class SchedulerConfig:
     fast_lane_max_share: float = 0.25
     #: After this long waiting a job may preempt to start.
     max_wait_s: float = 6 * 3600.0
+    #: A blocked job that has waited this long competes for its GPU type's reservation by age alone (the longest
+    #: waiter first, whatever its tenant's share; younger ones by fair share, as before). A burst that offers a type
+    #: more than its GPUs for a day leaves a backlog; this drains its oldest jobs in arrival order instead of
+    #: leaving them last because their tenants are busy (docs/evaluation.md). 0 turns it off.
+    reservation_by_age_after_s: float = 24 * 3600.0
     #: A job is not preempted before it has run this long since it last started (on its first attempt).
     min_runtime_before_preempt_s: float = 600.0
     #: Each restart (preemption or failure) multiplies that time by this, up to ``max(min_runtime_before_preempt_s,

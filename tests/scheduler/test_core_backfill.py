@@ -108,6 +108,35 @@ def test_the_reservation_carried_to_the_next_cycle_goes_to_the_tenant_furthest_b
     assert decisions.pending_reasons["short"] == "no H100 node has 4 free GPUs"
 
 
+def test_a_job_waiting_past_the_age_threshold_takes_the_reservation_from_a_tenant_further_below_its_share() -> None:
+    """A burst's backlog drains oldest first once its jobs have waited a day, whoever's they are."""
+    tenants = [tenant("heavy", decayed=1e7, nominal=64), tenant("fresh", nominal=64), tenant("other", nominal=64)]
+    nodes, busy = _held_by_other()
+
+    def head(heavy_waited: float, config: SchedulerConfig = SchedulerConfig()) -> list[str]:
+        now = 30 * H
+        pending = [
+            job("old", 4, tenant="heavy", queued_at=now - heavy_waited, runtime=0.5 * H),
+            job("gang", 16, tenant="fresh", level="leaf", queued_at=now - 2 * H, runtime=10 * H),
+        ]
+        decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants, config=config), now)
+        return [r.job_id for r in decisions.reservations]
+
+    assert SchedulerConfig().reservation_by_age_after_s == 24 * H
+    assert head(24 * H) == ["old"]  # past the threshold: the longest waiter, though its tenant is far above its share
+    assert head(24 * H - MIN) == ["gang"]  # below it: fair share, as before
+    assert head(29 * H, SchedulerConfig(reservation_by_age_after_s=0.0)) == ["gang"]  # 0: never by age
+    # Two jobs past the threshold: the older one, whatever the shares.
+    now = 30 * H
+    pending = [
+        job("old", 4, tenant="heavy", queued_at=now - 25 * H, runtime=0.5 * H),
+        job("older", 16, tenant="fresh", level="leaf", queued_at=now - 26 * H, runtime=10 * H),
+        job("oldest", 4, tenant="heavy", queued_at=now - 27 * H, runtime=0.5 * H),
+    ]
+    decisions = run_cycle(snap(nodes, pending, running_jobs=busy, tenants=tenants), now)
+    assert [r.job_id for r in decisions.reservations] == ["oldest"]
+
+
 def test_within_a_tenant_the_reservation_carried_to_the_next_cycle_goes_to_its_longest_waiter() -> None:
     tenants = [tenant("t", nominal=64), tenant("other", nominal=64)]
     nodes, busy = _held_by_other()
