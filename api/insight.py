@@ -23,10 +23,10 @@ from sqlmodel import col
 
 from fairgang.liveness import RETIRED, node_schedulable
 from fairgang.settings import Settings
-from scheduler.core import Scheduler, SchedulerConfig, Snapshot
+from scheduler.core import Scheduler, Snapshot
 from scheduler.core.cycle import build_cycle, queue_order
 from scheduler.core.order import dominant_share
-from scheduler.snapshot import SnapshotReader, build_snapshot
+from scheduler.snapshot import SnapshotReader, build_snapshot, service_config
 from simulator.calibrate import WaitCalibrator, calibrate_starts
 from simulator.estimate import INTERVAL_QUANTILES, Policy, estimate_intervals, estimate_starts, scaled
 from store.db import Database
@@ -61,12 +61,13 @@ class QueueView:
 
 
 async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: SnapshotReader | None = None) -> Snapshot:
-    """The snapshot the placement service would read now, with learned run times; a kept ``reader`` reads only what
-    changed since its last read."""
+    """The snapshot the placement service would read now, under its policy (``service_config``) and with learned run
+    times; a kept ``reader`` reads only what changed since its last read."""
+    config = service_config(settings)
     if reader is None:
-        snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s)
+        snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s, config=config)
     else:
-        snapshot = await reader.read(db, now=now, stale_after_s=settings.node_stale_after_s, config=SchedulerConfig())
+        snapshot = await reader.read(db, now=now, stale_after_s=settings.node_stale_after_s, config=config)
     levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
     return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
 

@@ -32,7 +32,7 @@ from api.deps import Caller, State, require_admin
 from api.schemas import QuotaChange
 from fairgang.settings import Settings
 from scheduler.core import Quota, Reservation, SchedulerConfig, Snapshot
-from scheduler.snapshot import SnapshotReader
+from scheduler.snapshot import SnapshotReader, service_config
 from simulator import whatif
 from simulator.calibrate import WaitCalibrator
 from simulator.estimate import INTERVAL_QUANTILES
@@ -115,12 +115,6 @@ class WhatIfAnswer(BaseModel):
     jobs: list[JobShiftPublic] | None = None
 
 
-def service_config(settings: Settings) -> SchedulerConfig:
-    """The policy the placement service runs: every ``SchedulerConfig`` setting that ``Settings`` has, from it."""
-    given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(SchedulerConfig) if hasattr(settings, f.name)}
-    return SchedulerConfig(**given)
-
-
 async def decayed_usage(db: Database, *, half_life: float, now: float) -> dict[str, dict[str, float]]:
     """Past usage at ``half_life``, read without writing: from its ledger if one is kept, else from the allocation rows."""
     async with db.sessions() as session:
@@ -159,7 +153,7 @@ async def live_snapshot(db: Database, settings: Settings, now: float) -> tuple[S
     reader = _GivenUsage(decayed)
     snapshot = await insight.snapshot_now(db, settings, now, reader=reader)
     ratio = reader.runtimes.predictor.quantiles(INTERVAL_QUANTILES)[1]
-    return dataclasses.replace(snapshot, config=config), ratio
+    return snapshot, ratio
 
 
 _pool: concurrent.futures.ProcessPoolExecutor | None = None

@@ -33,8 +33,8 @@ from temporalio.client import Client
 from fairgang import metrics
 from fairgang.members import PlacedMember, members_of
 from fairgang.settings import Settings
-from scheduler.core import Decisions, NodeView, Preempt, Reservation, Resize, Scheduler, SchedulerConfig, Snapshot
-from scheduler.snapshot import SnapshotReader, build_snapshot
+from scheduler.core import Decisions, NodeView, Preempt, Reservation, Resize, Scheduler, Snapshot
+from scheduler.snapshot import SnapshotReader, build_snapshot, service_config
 from store import jobs as stored_jobs
 from store import nodes, placement, rollup
 from store.db import NOTIFY_CHANNEL, Database
@@ -121,21 +121,7 @@ class PlacementService:
         #: When this service started (wall clock, as the nodes' heartbeats): see _declare_lost_nodes.
         self.started_at = time.time()
         self._wake = asyncio.Event()
-        self.config = SchedulerConfig(
-            usage_half_life_s=settings.usage_half_life_s,
-            aging_per_hour=settings.aging_per_hour,
-            max_wait_s=settings.max_wait_s,
-            reservation_by_age_after_s=settings.reservation_by_age_after_s,
-            min_runtime_before_preempt_s=settings.min_runtime_before_preempt_s,
-            preempt_backoff=settings.preempt_backoff,
-            backfill=settings.backfill,
-            short_job_boost=settings.short_job_boost,
-            short_job_ref_gpu_h=settings.short_job_ref_gpu_h,
-            fast_lane_gpu_h=settings.fast_lane_gpu_h,
-            fast_lane_max_share=settings.fast_lane_max_share,
-            elastic_grow_idle_s=settings.elastic_grow_idle_s,
-            elastic_resize_interval_s=settings.elastic_resize_interval_s,
-        )
+        self.config = service_config(settings)
         self.topology_levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
         #: The last committed cycle's reservations, fed back so nominations hold across cycles.
         #: Kept in memory: after a failover the new leader recomputes them in its first cycle.

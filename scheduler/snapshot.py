@@ -21,8 +21,8 @@ drives both through the same changes, with usage integrated from every allocatio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from fairgang.liveness import node_schedulable
 from fairgang.spec import JobSpec, stored_spec
@@ -31,6 +31,15 @@ from scheduler.runtimes import LearnedRuntimes, runtime_keys
 from store import snapshot as rows_of
 from store import usage
 from store.db import Database
+
+if TYPE_CHECKING:
+    from fairgang.settings import Settings
+
+
+def service_config(settings: Settings) -> SchedulerConfig:
+    """The policy the placement service runs: every ``SchedulerConfig`` field that ``Settings`` has, from it (the
+    placement service, the queue view and the what-if all decide under it)."""
+    return SchedulerConfig(**{f.name: getattr(settings, f.name) for f in fields(SchedulerConfig) if hasattr(settings, f.name)})
 
 
 @dataclass(frozen=True)

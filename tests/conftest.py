@@ -150,13 +150,18 @@ if os.environ.get("CI"):
 
 
 @pytest.fixture
-async def api(seeded: Database, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
-    """The API app in process, on the seeded store (no Temporal: it points at a closed port).
+async def api(
+    seeded: Database, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app in process, on the seeded store (no Temporal: it points at a closed port); a test's
+    ``@pytest.mark.settings(name=value)`` sets more of its settings.
 
     Its views count as cheap whatever the machine's load, so a test reads its own writes (the rule that decides
     it on a real fleet is tested in tests/api/test_views.py, with its own thresholds)."""
     monkeypatch.setattr(views, "QUICK_CPU_S", 60.0)
-    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs")
+    marker = request.node.get_closest_marker("settings")
+    more = marker.kwargs if marker else {}
+    settings = Settings(database_url=db_url, temporal_address="127.0.0.1:1", log_dir=tmp_path / "logs", **more)
     app = create_app(settings)
     app.state.fairgang = AppState(settings=settings, db=seeded)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as client:

@@ -168,6 +168,21 @@ async def test_backfill_off_keeps_the_small_jobs_behind_the_head(api: httpx.Asyn
     assert answer["changes"] == ["policy backfill: True -> False"]
 
 
+@pytest.mark.settings(backfill=False)
+async def test_the_queue_view_and_a_what_if_decide_under_the_placement_services_policy(api: httpx.AsyncClient, seeded: Database) -> None:
+    # The placement service runs without backfill here: beta's small jobs wait behind its 8-GPU head, and the queue
+    # view says so (under the defaults they would start now, as in the test above).
+    ids = await contended(api, seeded)
+    now = time.time()
+    resp = await api.get("/v1/queue", headers=ADMIN)
+    assert resp.status_code == 200, resp.text
+    live = {e["job"]["id"]: e["estimated_start"] for e in resp.json()}
+    assert all(live[j] is not None and live[j] > now + 60 for j in ids["beta"])
+    # ... and so does a what-if of no change.
+    answer = await what_if(api, hours=4)
+    assert all(before is not None and before > answer["now"] + 60 for before, _ in (starts(answer)[j] for j in ids["beta"]))
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
