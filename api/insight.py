@@ -68,8 +68,7 @@ async def snapshot_now(db: Database, settings: Settings, now: float, *, reader: 
         snapshot = await build_snapshot(db, now=now, stale_after_s=settings.node_stale_after_s, config=config)
     else:
         snapshot = await reader.read(db, now=now, stale_after_s=settings.node_stale_after_s, config=config)
-    levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
-    return dataclasses.replace(snapshot, topology_levels=levels or snapshot.topology_levels)
+    return dataclasses.replace(snapshot, topology_levels=settings.topology_level_names() or snapshot.topology_levels)
 
 
 async def queue_view(db: Database, settings: Settings, *, now: float | None = None) -> QueueView:
@@ -274,7 +273,7 @@ async def fleet_view(db: Database, settings: Settings, *, now: float | None = No
     nodes = []
     totals: dict[str, dict[str, int]] = {}
     domains: dict[str, dict[str, dict[str, Any]]] = {}
-    levels = [level.strip() for level in settings.topology_levels.split(",") if level.strip() and level.strip() != "node"]
+    levels = [level for level in settings.topology_level_names() if level != "node"]
     retired = []
     for node in node_list:
         if node.state == RETIRED:

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
     #: host:port where this process exports the Temporal SDK's own metrics (None: off). One per process.
     temporal_metrics_bind: str | None = None
 
+    def topology_level_names(self) -> tuple[str, ...]:
+        """``topology_levels`` as names, narrowest first (blanks dropped)."""
+        return tuple(level.strip() for level in self.topology_levels.split(",") if level.strip())
+
 
 def normalise_database_url(url: str) -> str:
     """Accept the usual sync spellings and return the async driver's URL."""

@@ -122,7 +122,7 @@ class PlacementService:
         self.started_at = time.time()
         self._wake = asyncio.Event()
         self.config = service_config(settings)
-        self.topology_levels = tuple(level.strip() for level in settings.topology_levels.split(",") if level.strip())
+        self.topology_levels = settings.topology_level_names()
         #: The last committed cycle's reservations, fed back so nominations hold across cycles.
         #: Kept in memory: after a failover the new leader recomputes them in its first cycle.
         self.reservations: tuple[Reservation, ...] = ()
